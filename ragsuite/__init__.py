@@ -1,0 +1,32 @@
+"""ragsuite: declarative DSPy programs for adaptive retrieval-augmented question answering.
+
+Importing this package is cheap and has no side effects: heavy dependencies (dspy, torch, colbert-ai, vllm)
+are imported by the submodules that need them.
+
+Example:
+    >>> import ragsuite
+    >>> ragsuite.__version__
+    '0.1.0'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "load"]
+
+if TYPE_CHECKING:
+    from ragsuite.programs.base import RAGProgram
+
+
+def load(path: str, **overrides: Any) -> RAGProgram:
+    """Load a program saved with ``program.save(path)`` (see :mod:`ragsuite.optimizers.artifacts`).
+
+    Args:
+        path: The JSON program file.
+        **overrides: Run-time objects that are never stored, such as ``retriever=``.
+    """
+    from ragsuite.optimizers.artifacts import load_program
+
+    return load_program(path, **overrides)

@@ -1,0 +1,5 @@
+import sys
+
+from ragsuite.cli import main
+
+sys.exit(main())

@@ -1,0 +1,225 @@
+"""What every ragsuite program shares: the run ledger (trace + cost stats), stage calls that survive
+malformed LM output, retrieval with bookkeeping, concurrency that keeps DSPy's context, and the registry."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar, TypeVar
+
+import dspy
+from dspy.utils.exceptions import AdapterParseError
+
+from ragsuite.data.datasets import Task
+from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.retrieval.base import Passage, Retriever
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Questions longer than this are refused: no retriever or prompt budget is meant for them.
+MAX_QUESTION_CHARS = 8000
+
+
+class RunLedger:
+    """Bookkeeping for one ``forward`` call. Thread-safe, so concurrent sub-chains can share it.
+
+    Attributes:
+        question: The question being answered (used in error messages).
+        lm_calls: Stage (predictor) invocations made.
+        retrievals: Retriever calls made.
+        steps: Retrieval-generation cycles, as the papers count them.
+        trace: One dict per event, in order (``{"stage": ..., ...}``).
+        fallbacks: Stages whose LM output could not be parsed, with the default that was used instead.
+    """
+
+    def __init__(self, question: str) -> None:
+        self.question = question
+        self.lm_calls = 0
+        self.retrievals = 0
+        self.steps = 0
+        self.trace: list[dict[str, Any]] = []
+        self.fallbacks: list[dict[str, Any]] = []
+        self.empty_retrievals = 0
+        self._seen: dict[str, Passage] = {}
+        self._lock = threading.Lock()
+
+    def record(self, stage: str, **fields: Any) -> dict[str, Any]:
+        event = {"stage": stage, **fields}
+        with self._lock:
+            self.trace.append(event)
+        return event
+
+    def count_lm_call(self) -> None:
+        with self._lock:
+            self.lm_calls += 1
+
+    def count_step(self) -> None:
+        with self._lock:
+            self.steps += 1
+
+    def add_passages(self, passages: Iterable[Passage]) -> None:
+        with self._lock:
+            for passage in passages:
+                self._seen.setdefault(passage.id, passage)
+
+    @property
+    def unique_passages(self) -> int:
+        return len(self._seen)
+
+    @property
+    def seen(self) -> list[Passage]:
+        """Every distinct passage retrieved so far, in first-seen order."""
+        with self._lock:
+            return list(self._seen.values())
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "lm_calls": self.lm_calls,
+            "retrievals": self.retrievals,
+            "steps": self.steps,
+            "unique_passages": self.unique_passages,
+            "empty_retrievals": self.empty_retrievals,
+            "fallbacks": len(self.fallbacks),
+        }
+
+
+class RAGProgram(dspy.Module):
+    """Base class of the registered programs.
+
+    Subclasses declare ``name`` (registry key) and ``KNOBS`` (numeric or categorical settings that are saved
+    with the program and tuned by Optuna), create their stage predictors in ``__init__`` under the stage's
+    snake_case name (``self.route``, ``self.filter``, ``self.answer``, ...) so per-stage LMs can find them,
+    and implement ``forward(question)`` returning :meth:`finish`.
+    """
+
+    name: ClassVar[str] = ""
+    KNOBS: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short") -> None:
+        super().__init__()
+        if task not in ("short", "long", "yesno"):
+            raise ConfigError(f"task must be 'short', 'long' or 'yesno', not {task!r}")
+        self.retriever = retriever
+        self.task = task
+
+    # ----------------------------------------------------------------- configuration
+    def knobs(self) -> dict[str, Any]:
+        """The current values of the program's declared knobs."""
+        return {knob: getattr(self, knob) for knob in self.KNOBS}
+
+    @classmethod
+    def search_space(cls, trial: Any) -> dict[str, Any]:
+        """Sample knob values from an Optuna ``trial``; programs with knobs override this."""
+        return {}
+
+    @classmethod
+    def default_knobs(cls) -> dict[str, Any]:
+        """The paper defaults, i.e. the constructor's keyword defaults for each knob."""
+        import inspect
+
+        params = inspect.signature(cls.__init__).parameters
+        return {k: params[k].default for k in cls.KNOBS if k in params}
+
+    def save(self, path: str, **kwargs: Any) -> None:  # type: ignore[override]
+        """Save knobs, retriever description, instructions and demos as JSON (see ``ragsuite.load``)."""
+        from ragsuite.optimizers.artifacts import save_program
+
+        save_program(self, path, **kwargs)
+
+    # ----------------------------------------------------------------- running
+    def start(self, question: str) -> RunLedger:
+        """Validate the question and open a ledger for one run."""
+        if not isinstance(question, str) or not question.strip():
+            raise ConfigError("the question is empty")
+        if len(question) > MAX_QUESTION_CHARS:
+            raise ConfigError(
+                f"the question has {len(question)} characters, more than the {MAX_QUESTION_CHARS} allowed"
+            )
+        return RunLedger(question)
+
+    def call_stage(
+        self,
+        ledger: RunLedger,
+        stage: str,
+        predictor: Callable[..., dspy.Prediction],
+        *,
+        fallback: dict[str, Any] | None = None,
+        **inputs: Any,
+    ) -> dspy.Prediction:
+        """Run one stage predictor, counting the LM call.
+
+        When the LM's output cannot be parsed and ``fallback`` is given, the fallback fields are returned
+        and the event is recorded in the trace and ``ledger.fallbacks``; without a fallback the parse error
+        propagates. LM transport errors (timeouts, 429/5xx after retries) always propagate.
+        """
+        ledger.count_lm_call()
+        try:
+            return predictor(**inputs)
+        except AdapterParseError as exc:
+            if fallback is None:
+                raise
+            reason = str(exc).splitlines()[0][:300]
+            with ledger._lock:
+                ledger.fallbacks.append({"stage": stage, "used": fallback, "reason": reason})
+            ledger.record(stage, fallback=fallback, reason=reason)
+            return dspy.Prediction(**fallback)
+
+    def retrieve(self, ledger: RunLedger, query: str, k: int) -> list[Passage]:
+        """Retrieve ``k`` passages for ``query``, counting the call and noting an empty result.
+
+        Raises:
+            RetrievalError: wrapping any retriever failure, with the question in the message.
+        """
+        if self.retriever is None:
+            raise ConfigError(f"program {self.name!r} needs a retriever; pass retriever=...")
+        with ledger._lock:
+            ledger.retrievals += 1
+        try:
+            passages = list(self.retriever(query, k))
+        except Exception as exc:
+            raise RetrievalError(
+                f"retrieval failed for question {ledger.question[:200]!r} (query {query[:200]!r}): {exc}"
+            ) from exc
+        if not passages:
+            with ledger._lock:
+                ledger.empty_retrievals += 1
+            ledger.record("retrieve", query=query, passage_ids=[], empty=True)
+        ledger.add_passages(passages)
+        return passages
+
+    def finish(
+        self, ledger: RunLedger, answer: str, passages: Sequence[Passage], **extra: Any
+    ) -> dspy.Prediction:
+        """Package the run: ``answer``, ``trace``, ``passages`` (the evidence used) and ``stats``."""
+        return dspy.Prediction(
+            answer=answer,
+            trace=ledger.trace,
+            passages=list(passages),
+            stats=ledger.stats(),
+            **extra,
+        )
+
+
+def run_concurrently(fn: Callable[[T], R], items: Sequence[T], *, max_workers: int | None = None) -> list[R]:
+    """Map ``fn`` over ``items`` in threads, each inheriting the caller's DSPy context (LM, adapter,
+    usage tracker), and return results in input order. The first exception is re-raised."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=max_workers or len(items)) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        return [future.result() for future in futures]
+
+
+# --------------------------------------------------------------------- registry
+_REGISTRY: dict[str, type[RAGProgram]] = {}
+
+
+def register(cls: type[RAGProgram]) -> type[RAGProgram]:
+    """Class decorator adding a program to the registry under ``cls.name``."""
+    if not cls.name:
+        raise TypeError(f"{cls.__name__} must set a non-empty 'name' to be registered")
+    _REGISTRY[cls.name] = cls
+    return cls

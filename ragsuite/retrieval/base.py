@@ -1,0 +1,60 @@
+"""The retrieval contract every program relies on: :class:`Passage` and the :class:`Retriever` protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One retrievable unit of text.
+
+    Attributes:
+        id: Stable identifier (the corpus ``id``; gold passage ids refer to it).
+        title: Title of the source document, possibly empty.
+        text: The passage body.
+        score: Retrieval score for the query that returned it (higher is better); 0.0 when not retrieved.
+    """
+
+    id: str
+    title: str
+    text: str
+    score: float = 0.0
+
+    def render(self) -> str:
+        """The passage as an LM sees it: ``"title | text"`` (the ColBERT server convention)."""
+        return f"{self.title} | {self.text}" if self.title else self.text
+
+    def with_score(self, score: float) -> Passage:
+        return replace(self, score=float(score))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Passage:
+        return cls(
+            id=str(data["id"]),
+            title=str(data.get("title") or ""),
+            text=str(data.get("text") or ""),
+            score=float(data.get("score") or 0.0),
+        )
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Anything that maps a query to ranked passages.
+
+    Implementations must be safe to call from several threads at once and must raise
+    :class:`ragsuite.errors.RetrievalError` on failure rather than return an empty list.
+    """
+
+    def __call__(self, query: str, k: int) -> list[Passage]: ...
+
+    def batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]: ...
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able description (kind and settings, never secrets) saved in manifests and program files."""
+        ...

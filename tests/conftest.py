@@ -1,0 +1,34 @@
+"""Hermetic test settings: no network, no shared caches. Environment is set before DSPy is imported."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+_TMP = Path(tempfile.mkdtemp(prefix="ragsuite-tests-"))
+# litellm otherwise tries to download its model-cost map and stalls offline.
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+# DSPy reads DSPY_CACHEDIR at import time; keep its disk cache out of the home directory.
+os.environ["DSPY_CACHEDIR"] = str(_TMP / "dspy_cache")
+os.environ.setdefault("RAGSUITE_CACHE", str(_TMP / "ragsuite_cache"))
+# colbert-ai compiles C++ extensions on first use; one cache per virtual environment.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+for key in ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL"):
+    os.environ.pop(key, None)
+
+import dspy  # noqa: E402
+import pytest  # noqa: E402
+
+dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+
+SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The shipped dev splits (../shared/data or $RAGSUITE_DATA)."""
+    from ragsuite.paths import data_dir as resolve
+
+    return resolve()
