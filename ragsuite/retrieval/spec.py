@@ -1,7 +1,8 @@
 """Build a retriever from a command-line spec.
 
 Specs:
-    bm25                         the embedded BM25 index of ``--dataset`` (built once, cached on disk)
+    bm25[:DATASET]               the embedded BM25 index of ``--dataset``'s corpus, or of DATASET's corpus
+                                 (TriviaQA ships no corpus: ``bm25:nq``); built once, cached on disk
     colbert-server:URL           a ColBERTv2 HTTP server (``/api/search`` protocol)
     colbert-index:DIR            a local colbert-ai PLAID index (``pip install 'ragsuite[colbert]'``)
     hybrid:MODE:SPEC+SPEC[+...]  several of the above merged, MODE = interleave | rrf
@@ -38,11 +39,12 @@ def build_retriever(
     spec = spec.strip()
     kind, _, rest = spec.partition(":")
     if kind == "bm25":
-        if not dataset:
-            raise ConfigError("the bm25 retriever indexes a dataset's corpus: give --dataset")
+        corpus_dataset = rest or dataset
+        if not corpus_dataset:
+            raise ConfigError("the bm25 retriever indexes a dataset's corpus: give --dataset or bm25:DATASET")
         from ragsuite.retrieval.bm25 import BM25Retriever
 
-        return BM25Retriever.from_dataset(dataset, data_dir=data_dir, cache_dir=cache_dir, **options)
+        return BM25Retriever.from_dataset(corpus_dataset, data_dir=data_dir, cache_dir=cache_dir, **options)
     if kind == "colbert-server":
         if not rest:
             raise ConfigError(
