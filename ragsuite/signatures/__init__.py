@@ -1,0 +1,24 @@
+"""One DSPy Signature per stage; the docstring of each is the instruction the LM sees.
+
+Example:
+    >>> import dspy
+    >>> from ragsuite.signatures import NoteInit
+    >>> init = dspy.Predict(NoteInit)
+"""
+
+# A plain list of re-exports: every stage module adds its names here.
+# ruff: noqa: F401
+
+from ragsuite.signatures.answer import (
+    AnswerFromNote,
+    AnswerFromPassages,
+    AnswerWithoutRetrieval,
+    LongAnswerFromNote,
+    LongAnswerFromPassages,
+    LongAnswerWithoutRetrieval,
+    YesNoFromNote,
+    YesNoFromPassages,
+    YesNoWithoutRetrieval,
+    answer_signature,
+    format_passages,
+)
