@@ -22,3 +22,4 @@ from ragsuite.signatures.answer import (
     answer_signature,
     format_passages,
 )
+from ragsuite.signatures.deepnote import NoteCompare, NoteInit, NoteUpdate, QueryRefine
