@@ -83,7 +83,7 @@ def test_regex_metacharacters_are_literal() -> None:
     assert accuracy("written in c++ mostly", ["C++"]) == 1.0
     assert accuracy("price (USD) $5", ["$5"]) == 1.0
     assert accuracy("axxb", ["a.*b"]) == 0.0  # as a regex it would match
-    assert accuracy("axxb", ["a.*b", "x+"]) == 0.0
+    assert accuracy("axxb", ["a.*b", "[xy]"]) == 0.0
     assert yes_no_accuracy("the label is c++ here", ["c++"]) == 1.0
     assert yes_no_accuracy("the label is c here", ["c++"]) == 0.0
     assert yes_no_accuracy("answer: (yes)", ["(yes)"]) == 1.0
