@@ -8,7 +8,10 @@ from ragsuite.data.datasets import (
     load_corpus,
     load_corpus_file,
     load_dataset,
+    load_examples_file,
+    write_jsonl,
 )
+from ragsuite.data.metrics import metric_for, score_example
 
 __all__ = [
     "DATASETS",
@@ -18,4 +21,8 @@ __all__ = [
     "load_corpus",
     "load_corpus_file",
     "load_dataset",
+    "load_examples_file",
+    "metric_for",
+    "score_example",
+    "write_jsonl",
 ]

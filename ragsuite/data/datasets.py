@@ -9,6 +9,8 @@ Layout of ``<data_dir>/<name>/``:
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -68,7 +70,8 @@ def get_dataset_info(name: str) -> DatasetInfo:
         raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}") from None
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSONL file."""
     if not path.is_file():
         raise DataError(f"{path} does not exist")
     rows = []
@@ -82,7 +85,7 @@ def _read_jsonl(path: Path) -> list[dict]:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
+            rows.append((lineno, row))
     return rows
 
 
@@ -98,17 +101,50 @@ def load_dataset(name: str, split: str = "dev", data_dir: str | os.PathLike[str]
         Examples carrying ``question``, ``answers``, ``gold_passage_ids``, ``type``, ``id`` and, for ASQA,
         ``short_answers`` (a list of alias groups).
 
+    Raises:
+        DataError: unknown dataset, missing file, or a malformed line (the message names ``file:line``).
+
     Example:
         >>> examples = load_dataset("hotpotqa")
         >>> examples[0].question
         'Which Canadian rock band released a song called "Counterparts" ...'
     """
-    import dspy
-
     info = get_dataset_info(name)
     path = resolve_data_dir(data_dir) / info.name / f"{split}.jsonl"
+    return load_examples_file(path, short_answers=info.name == "asqa", id_prefix=info.name)
+
+
+def _string_list(value: object, path: Path, lineno: int, field: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise DataError(f"{path}:{lineno}: {field!r} must be a list, got {type(value).__name__}")
+    return [str(item) for item in value]
+
+
+def load_examples_file(
+    path: str | os.PathLike[str], *, short_answers: bool | None = None, id_prefix: str | None = None
+) -> list:
+    """Load any file in the ``dev.jsonl`` layout (for instance one ``ragsuite data convert`` wrote).
+
+    Args:
+        path: The JSONL file.
+        short_answers: Attach ``short_answers`` (ASQA alias groups) to every example; ``None`` attaches them
+            when the first row has the field.
+        id_prefix: Prefix of the ids of rows without one (``<prefix>-<line>``); the file stem by default.
+
+    Returns:
+        ``dspy.Example`` objects as :func:`load_dataset` returns them.
+    """
+    import dspy
+
+    path = Path(path)
+    rows = _read_jsonl(path)
+    if short_answers is None:
+        short_answers = bool(rows) and "short_answers" in rows[0][1]
+    prefix = id_prefix or path.stem
     examples = []
-    for lineno, row in enumerate(_read_jsonl(path), 1):
+    for lineno, row in rows:
         question = row.get("question")
         answers = row.get("answers")
         if not isinstance(question, str) or not question.strip():
@@ -116,16 +152,44 @@ def load_dataset(name: str, split: str = "dev", data_dir: str | os.PathLike[str]
         if not isinstance(answers, list):
             raise DataError(f"{path}:{lineno}: 'answers' must be a list")
         fields = {
-            "id": str(row.get("id", f"{name}-{lineno}")),
+            "id": str(row.get("id", f"{prefix}-{lineno}")),
             "question": question,
             "answers": [str(a) for a in answers],
-            "gold_passage_ids": [str(p) for p in row.get("gold_passage_ids") or []],
+            "gold_passage_ids": _string_list(row.get("gold_passage_ids"), path, lineno, "gold_passage_ids"),
             "type": str(row.get("type") or ""),
         }
-        if info.name == "asqa":
-            fields["short_answers"] = [[str(a) for a in group] for group in row.get("short_answers") or []]
+        if short_answers:
+            groups = row.get("short_answers") or []
+            if not isinstance(groups, list) or not all(isinstance(group, list) for group in groups):
+                raise DataError(f"{path}:{lineno}: 'short_answers' must be a list of alias lists")
+            fields["short_answers"] = [[str(a) for a in group] for group in groups]
         examples.append(dspy.Example(**fields).with_inputs("question"))
     return examples
+
+
+def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict]) -> int:
+    """Write ``rows`` as JSONL atomically (a temporary file in the same folder, then a rename).
+
+    Returns:
+        The number of rows written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(ujson.dumps(row, ensure_ascii=False, escape_forward_slashes=False))
+                handle.write("\n")
+                count += 1
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count
 
 
 def load_corpus(name: str, data_dir: str | os.PathLike[str] | None = None) -> list[Passage]:
@@ -144,7 +208,7 @@ def load_corpus_file(path: str | os.PathLike[str]) -> list[Passage]:
     path = Path(path)
     passages: list[Passage] = []
     seen: set[str] = set()
-    for lineno, row in enumerate(_read_jsonl(path), 1):
+    for lineno, row in _read_jsonl(path):
         if "id" not in row or "text" not in row:
             raise DataError(f"{path}:{lineno}: a corpus line needs 'id' and 'text'")
         pid = str(row["id"])

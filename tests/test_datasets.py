@@ -1,0 +1,176 @@
+"""Loading the shipped datasets and the data-directory resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ujson
+
+import ragsuite.paths
+from ragsuite.data import (
+    dataset_names,
+    get_dataset_info,
+    load_corpus,
+    load_corpus_file,
+    load_dataset,
+    load_examples_file,
+    write_jsonl,
+)
+from ragsuite.errors import DataError
+from ragsuite.paths import data_dir as resolve_data_dir
+
+# (dev questions, corpus passages) of the shipped dev splits.
+SHIPPED = {
+    "hotpotqa": (300, 7616),
+    "2wikimultihopqa": (157, 4306),
+    "musique": (100, 5021),
+    "strategyqa": (48, 998),
+    "asqa": (102, 2103),
+    "nq": (497, 2588),
+    "triviaqa": (44, None),
+}
+
+
+def test_registry_knows_every_dataset() -> None:
+    assert set(dataset_names()) == set(SHIPPED)
+    assert get_dataset_info("strategyqa").task == "yesno"
+    assert get_dataset_info("asqa").task == "long"
+    assert get_dataset_info("hotpotqa").primary_metric in get_dataset_info("hotpotqa").metrics
+    with pytest.raises(DataError, match=r"unknown dataset 'hotpot'.*hotpotqa"):
+        get_dataset_info("hotpot")
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_shipped_dataset_loads(name: str, data_dir: Path) -> None:
+    n_questions, n_passages = SHIPPED[name]
+    examples = load_dataset(name, data_dir=data_dir)
+    assert len(examples) == n_questions
+    assert len({ex.id for ex in examples}) == n_questions
+    for ex in examples:
+        assert set(ex.inputs().keys()) == {"question"}
+        assert ex.question.strip() and ex.answers and all(isinstance(a, str) for a in ex.answers)
+        assert isinstance(ex.gold_passage_ids, list)
+    if n_passages is None:
+        assert not get_dataset_info(name).has_corpus
+        with pytest.raises(DataError, match="ships no corpus"):
+            load_corpus(name, data_dir=data_dir)
+        return
+    corpus = load_corpus(name, data_dir=data_dir)
+    assert len(corpus) == n_passages
+    ids = {p.id for p in corpus}
+    # Every gold passage is in the corpus; questions without one are rare (one ASQA question).
+    for ex in examples:
+        assert set(ex.gold_passage_ids) <= ids, ex.id
+    assert sum(not ex.gold_passage_ids for ex in examples) == (1 if name == "asqa" else 0)
+
+
+def test_asqa_short_answers_and_task_labels(data_dir: Path) -> None:
+    asqa = load_dataset("asqa", data_dir=data_dir)
+    first = asqa[0]
+    assert first.question == "How many times have the lakers won the finals?"
+    assert first.short_answers == [["16"], ["16"], ["16"]]
+    assert all(ex.short_answers and all(group for group in ex.short_answers) for ex in asqa)
+    assert "short_answers" not in load_dataset("hotpotqa", data_dir=data_dir)[0]
+    assert {ex.answers[0] for ex in load_dataset("strategyqa", data_dir=data_dir)} == {"yes", "no"}
+
+
+def _write_dataset(root: Path, name: str, rows: list[dict], corpus: list[dict] | None = None) -> None:
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "dev.jsonl").write_text("".join(ujson.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    if corpus is not None:
+        (folder / "corpus.jsonl").write_text("".join(ujson.dumps(r) + "\n" for r in corpus), encoding="utf-8")
+
+
+ROW = {"id": "q1", "question": "Who?", "answers": ["Rush"], "type": "bridge", "gold_passage_ids": ["p1"]}
+
+
+def test_data_dir_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arg, env, repo = tmp_path / "arg", tmp_path / "env", tmp_path / "repo"
+    _write_dataset(arg, "hotpotqa", [{**ROW, "answers": ["from-arg"]}])
+    _write_dataset(env, "hotpotqa", [{**ROW, "answers": ["from-env"]}])
+    _write_dataset(tmp_path / "shared" / "data", "hotpotqa", [{**ROW, "answers": ["from-shared"]}])
+    monkeypatch.setattr(ragsuite.paths, "_REPO_ROOT", repo)
+    monkeypatch.setenv("RAGSUITE_DATA", str(env))
+
+    assert load_dataset("hotpotqa", data_dir=arg)[0].answers == ["from-arg"]
+    assert load_dataset("hotpotqa")[0].answers == ["from-env"]
+    monkeypatch.delenv("RAGSUITE_DATA")
+    assert load_dataset("hotpotqa")[0].answers == ["from-shared"]
+
+    # A directory that was asked for but is missing is an error, not a fall-through.
+    with pytest.raises(DataError, match="does not exist"):
+        resolve_data_dir(tmp_path / "nowhere")
+    monkeypatch.setenv("RAGSUITE_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="RAGSUITE_DATA"):
+        resolve_data_dir()
+
+
+def test_no_data_dir_error_names_all_three(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ragsuite.paths, "_REPO_ROOT", tmp_path / "repo")
+    monkeypatch.delenv("RAGSUITE_DATA", raising=False)
+    with pytest.raises(DataError) as info:
+        load_dataset("hotpotqa")
+    message = str(info.value)
+    assert "data_dir" in message and "RAGSUITE_DATA" in message
+    assert str(tmp_path / "shared" / "data") in message
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"id": "q2", "question": "Why?", "answers": ["x"]', "not valid JSON"),
+        ('["a list"]', "expected a JSON object"),
+        ('{"id": "q2", "answers": ["x"]}', "missing or empty 'question'"),
+        ('{"id": "q2", "question": "Why?", "answers": "x"}', "'answers' must be a list"),
+        ('{"id": "q2", "question": "Why?", "answers": ["x"], "gold_passage_ids": "p1"}', "gold_passage_ids"),
+    ],
+)
+def test_malformed_line_names_file_and_line(tmp_path: Path, line: str, problem: str) -> None:
+    folder = tmp_path / "musique"
+    folder.mkdir()
+    # Line 2 is blank and line 3 is the bad one: the reported number is the file's line number.
+    (folder / "dev.jsonl").write_text(ujson.dumps(ROW) + "\n\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=problem) as info:
+        load_dataset("musique", data_dir=tmp_path)
+    assert f"{folder / 'dev.jsonl'}:3:" in str(info.value)
+
+
+def test_malformed_asqa_groups_and_missing_split(tmp_path: Path) -> None:
+    _write_dataset(tmp_path, "asqa", [{**ROW, "short_answers": ["16", "17"]}])
+    with pytest.raises(DataError, match=r"dev.jsonl:1: 'short_answers' must be a list of alias lists"):
+        load_dataset("asqa", data_dir=tmp_path)
+    with pytest.raises(DataError, match=r"train.jsonl does not exist"):
+        load_dataset("asqa", split="train", data_dir=tmp_path)
+
+
+def test_corpus_errors(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        '{"id": "p1", "title": "T", "text": "a"}\n{"id": "p1", "text": "b"}\n', encoding="utf-8"
+    )
+    with pytest.raises(DataError, match=r"corpus.jsonl:2: duplicate passage id 'p1'"):
+        load_corpus_file(corpus)
+    corpus.write_text('{"id": "p1", "title": "T"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"corpus.jsonl:1: a corpus line needs 'id' and 'text'"):
+        load_corpus_file(corpus)
+
+
+def test_write_jsonl_is_atomic_and_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "dev.jsonl"
+    rows = [{**ROW, "question": "Qué? “quoted” / slash", "short_answers": [["a", "b"]]}]
+    assert write_jsonl(path, rows) == 1
+    loaded = load_examples_file(path)
+    assert loaded[0].question == rows[0]["question"]
+    assert loaded[0].short_answers == [["a", "b"]]
+
+    def failing():
+        yield {**ROW, "id": "new"}
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError):
+        write_jsonl(path, failing())
+    # The old file is intact and no temporary file is left behind.
+    assert [ex.id for ex in load_examples_file(path)] == ["q1"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["dev.jsonl"]
