@@ -1,0 +1,306 @@
+"""DeepNote and Adaptive-Note: note-centric adaptive retrieval.
+
+The loop follows the paper (DeepNote §3) and the official code:
+
+1. Retrieve ``top_k`` passages for the question; ``NoteInit`` writes the first note, which is the best note.
+2. While ``step < max_step``:
+   a. stop if more than ``max_passages`` distinct passages have entered the notes (checked before each step);
+   b. ``QueryRefine(question, best note, asked queries)`` proposes new queries; they join the asked list;
+   c. retrieve ``top_k`` passages ONCE for the new queries joined with the question (newline-separated,
+      truncated to 500 characters) — the official code issues one retrieval per step, not one per query;
+   d. when this step's passages would overflow ``max_passages``, only not-yet-seen passages are kept, at most
+      as many as the cap leaves room for (as the official code does; when the count sits exactly at the cap
+      the step keeps its full retrieval and the next check stops the loop);
+   e. ``NoteUpdate(best note, passages)`` gives an updated note; ``NoteCompare`` accepts it (it becomes the
+      best note) or rejects it (one more failure; failures are cumulative, not consecutive);
+   f. stop once failures reach ``max_failure``.
+3. Answer from the best note with the task's answer signature.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import dspy
+
+from ragsuite.data.datasets import Task
+from ragsuite.programs.base import RAGProgram, RunLedger, register
+from ragsuite.programs.baselines import check_int, gather, run_answer
+from ragsuite.retrieval.base import Passage, Retriever
+from ragsuite.signatures.answer import answer_signature, format_passages
+from ragsuite.signatures.deepnote import NoteCompare, NoteInit, NoteUpdate, QueryRefine
+
+if TYPE_CHECKING:
+    from ragsuite.programs.stages import BlendStage, FilterStage
+
+logger = logging.getLogger("ragsuite.programs.deepnote")
+
+#: The official code truncates each step's retrieval text to this many characters.
+MAX_QUERY_CHARS = 500
+
+#: Unparsable QueryRefine output: no new query, so the step retrieves for the question alone.
+QUERY_REFINE_FALLBACK: dict[str, Any] = {"queries": []}
+#: Unparsable NoteCompare output: the update is not better (a failure).
+NOTE_COMPARE_FALLBACK: dict[str, Any] = {"better": False}
+
+
+def _normalize(query: str) -> str:
+    return " ".join(query.lower().split())
+
+
+def retrieval_text(queries: list[str], question: str) -> str:
+    """The text retrieved for one step: the new queries, then the question, one per line, cut to 500 chars."""
+    return "\n".join([*queries, question])[:MAX_QUERY_CHARS]
+
+
+@register
+class DeepNote(RAGProgram):
+    """DeepNote: collect knowledge in a note, refine queries from the best note, keep an update only when
+    the LM judges it better, and stop on the failure, step or passage limits (see the module docstring).
+
+    Stage predictors: ``note_init``, ``query_refine``, ``note_update``, ``note_compare``, ``answer``.
+
+    Optional stages (one constructor argument each):
+
+    * ``filter=FilterStage(...)``: every retrieved set (initial and per step) is filtered before it reaches
+      the note, so only passages the LM judges relevant are noted and counted against ``max_passages``.
+    * ``blend=BlendStage(...)``: the initial retrieval also retrieves the blend queries (e.g. BlendFilter's
+      external/internal knowledge queries) and the note is initialized from the merged passages.
+    * both: BlendFilter's retrieval feeding DeepNote's note loop.
+
+    Args:
+        retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
+        task: Answer style: ``short``, ``long`` (ASQA) or ``yesno`` (StrategyQA).
+        top_k: Passages per retrieval (paper default 5).
+        max_step: Most refinement iterations (each one retrieval; 0 = note from the first retrieval only).
+        max_failure: Stop after this many rejected updates in total.
+        max_passages: Stop before a step once more distinct passages than this have been noted.
+        filter: Optional filtering stage applied to every retrieved set.
+        blend: Optional query-blending stage for the initial retrieval.
+
+    Returns (from ``forward``):
+        ``dspy.Prediction(answer, trace, passages, stats, note)``: ``passages`` are those that entered the
+        notes; the trace holds a ``note_init`` event, one ``step`` event per iteration (``queries``,
+        ``retrieval_query``, ``passage_ids``, ``note``, ``accepted``, ``failures``), a ``stop`` event and the
+        ``answer``.
+
+    Example:
+        >>> import dspy
+        >>> from ragsuite import programs
+        >>> from ragsuite.retrieval.bm25 import BM25Retriever
+        >>> retriever = BM25Retriever.from_dataset("2wikimultihopqa")  # doctest: +SKIP
+        >>> deepnote = programs.get("deepnote")(retriever=retriever, task="short")  # doctest: +SKIP
+        >>> with dspy.context(lm=dspy.LM("openai/gpt-4o-mini", temperature=0.1)):  # doctest: +SKIP
+        ...     prediction = deepnote(question="Where was the place of death of Anna of Pomerania's father?")
+        >>> for event in prediction.trace:  # doctest: +SKIP
+        ...     print(event["stage"], event.get("queries"), event.get("accepted"))
+    """
+
+    name: ClassVar[str] = "deepnote"
+    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_step", "max_failure", "max_passages")
+
+    def __init__(
+        self,
+        *,
+        retriever: Retriever | None = None,
+        task: Task = "short",
+        top_k: int = 5,
+        max_step: int = 3,
+        max_failure: int = 2,
+        max_passages: int = 15,
+        filter: FilterStage | None = None,
+        blend: BlendStage | None = None,
+    ) -> None:
+        super().__init__(retriever=retriever, task=task)
+        self.top_k = check_int("top_k", top_k, minimum=1)
+        self.max_step = check_int("max_step", max_step, minimum=0)
+        self.max_failure = check_int("max_failure", max_failure, minimum=1)
+        self.max_passages = check_int("max_passages", max_passages, minimum=1)
+        self.filter = filter
+        self.blend = blend
+        self.note_init = dspy.Predict(NoteInit)
+        self.query_refine = dspy.Predict(QueryRefine)
+        self.note_update = dspy.Predict(NoteUpdate)
+        self.note_compare = dspy.Predict(NoteCompare)
+        self.answer = dspy.Predict(answer_signature(task, "note"))
+
+    @classmethod
+    def search_space(cls, trial: Any) -> dict[str, Any]:
+        """DeepNote's knobs: top_k in {3, 5, 7}, max_step 1..5, max_failure 1..max_step, max_passages 10..30
+        (the paper notes a failure limit above the step limit is meaningless)."""
+        max_step = trial.suggest_int("max_step", 1, 5)
+        return {
+            "top_k": trial.suggest_categorical("top_k", [3, 5, 7]),
+            "max_step": max_step,
+            "max_failure": trial.suggest_int("max_failure", 1, max_step),
+            "max_passages": trial.suggest_int("max_passages", 10, 30),
+        }
+
+    # ------------------------------------------------------------------ stages
+    def _refine(self, ledger: RunLedger, question: str, best_note: str, asked: list[str]) -> dict[str, Any]:
+        prediction = self.call_stage(
+            ledger,
+            "query_refine",
+            self.query_refine,
+            fallback=QUERY_REFINE_FALLBACK,
+            question=question,
+            best_note=best_note,
+            asked_queries=list(asked),
+        )
+        proposed = [str(q).strip() for q in (prediction.queries or [])]
+        # The prompt forbids repeats; enforce it so a disobedient LM cannot loop on the same query.
+        seen = {_normalize(q) for q in asked} | {_normalize(question)}
+        queries, repeated = [], []
+        for query in proposed:
+            if not query:
+                continue
+            if _normalize(query) in seen:
+                repeated.append(query)
+                continue
+            seen.add(_normalize(query))
+            queries.append(query)
+        return {"queries": queries, "repeated": repeated}
+
+    def _update(
+        self, ledger: RunLedger, question: str, best_note: str, passages: list[Passage]
+    ) -> str | None:
+        """The updated note, or ``None`` when the LM's reply could not be parsed (the step then fails)."""
+        prediction = self.call_stage(
+            ledger,
+            "note_update",
+            self.note_update,
+            fallback={"updated_note": None},
+            question=question,
+            best_note=best_note,
+            passages=format_passages(passages),
+        )
+        return None if prediction.updated_note is None else str(prediction.updated_note)
+
+    # ------------------------------------------------------------------ loop
+    def forward(self, question: str) -> dspy.Prediction:
+        ledger = self.start(question)
+        initial = gather(self, ledger, question, self.top_k, filter=self.filter, blend=self.blend)
+        noted: dict[str, Passage] = {p.id: p for p in initial}
+        # An unparsable NoteInit falls back to the passages themselves: the most faithful note there is.
+        init = self.call_stage(
+            ledger,
+            "note_init",
+            self.note_init,
+            fallback={"note": "\n".join(format_passages(initial))},
+            question=question,
+            passages=format_passages(initial),
+        )
+        best_note = str(init.note or "")
+        ledger.record("note_init", query=question, passage_ids=[p.id for p in initial], note=best_note)
+
+        asked: list[str] = []
+        failures = 0
+        step = 0
+        stop_reason = "max_step"
+        while step < self.max_step:
+            if len(noted) > self.max_passages:
+                stop_reason = "max_passages"
+                break
+            # Room left under the cap; when a full retrieval would overflow it, keep only that many new ones.
+            room = self.max_passages - len(noted)
+            trim = len(noted) + self.top_k > self.max_passages and room > 0
+
+            refined = self._refine(ledger, question, best_note, asked)
+            queries = refined["queries"]
+            asked.extend(queries)
+            text = retrieval_text(queries, question)
+            retrieved = self.retrieve(ledger, text, self.top_k)
+            ledger.count_step()
+            kept = (
+                list(self.filter(self, ledger, question, retrieved))
+                if self.filter is not None and retrieved
+                else retrieved
+            )
+            if trim:
+                kept = [p for p in kept if p.id not in noted][:room]
+            for passage in kept:
+                noted.setdefault(passage.id, passage)
+
+            note = self._update(ledger, question, best_note, kept)
+            if note is None:
+                accepted = False
+            else:
+                verdict = self.call_stage(
+                    ledger,
+                    "note_compare",
+                    self.note_compare,
+                    fallback=NOTE_COMPARE_FALLBACK,
+                    question=question,
+                    best_note=best_note,
+                    updated_note=note,
+                )
+                accepted = verdict.better is True
+            if accepted:
+                best_note = note  # type: ignore[assignment]
+            else:
+                failures += 1
+            step += 1
+            ledger.record(
+                "step",
+                step=step,
+                queries=queries,
+                repeated_queries=refined["repeated"],
+                retrieval_query=text,
+                retrieved_ids=[p.id for p in retrieved],
+                passage_ids=[p.id for p in kept],
+                note=note,
+                accepted=accepted,
+                failures=failures,
+            )
+            if failures >= self.max_failure:
+                stop_reason = "max_failure"
+                break
+        ledger.record("stop", reason=stop_reason, steps=step, failures=failures, noted_passages=len(noted))
+        logger.debug("deepnote stopped after %d steps (%s)", step, stop_reason)
+
+        answer = run_answer(self, ledger, source="note", question=question, note=best_note)
+        return self.finish(ledger, answer, list(noted.values()), note=best_note)
+
+
+@register
+class AdaptiveNote(DeepNote):
+    """Adaptive-Note: DeepNote's loop with Adaptive-Note's defaults (one failed update stops the loop).
+
+    Args:
+        retriever, task, top_k, max_step, max_passages, filter, blend: as in :class:`DeepNote`.
+        max_failure: Rejected updates tolerated in total (Adaptive-Note default 1).
+
+    Example:
+        >>> from ragsuite import programs
+        >>> programs.get("adaptive-note").default_knobs()
+        {'top_k': 5, 'max_step': 3, 'max_failure': 1, 'max_passages': 15}
+    """
+
+    name: ClassVar[str] = "adaptive-note"
+
+    def __init__(
+        self,
+        *,
+        retriever: Retriever | None = None,
+        task: Task = "short",
+        top_k: int = 5,
+        max_step: int = 3,
+        max_failure: int = 1,
+        max_passages: int = 15,
+        filter: FilterStage | None = None,
+        blend: BlendStage | None = None,
+    ) -> None:
+        super().__init__(
+            retriever=retriever,
+            task=task,
+            top_k=top_k,
+            max_step=max_step,
+            max_failure=max_failure,
+            max_passages=max_passages,
+            filter=filter,
+            blend=blend,
+        )
+
+
+__all__ = ["AdaptiveNote", "DeepNote", "retrieval_text"]
