@@ -1,6 +1,6 @@
-"""BlendFilter's query blending (Wang et al.): augment the question with knowledge, externally (chain-of-thought
-over passages retrieved for the question) or internally (the LM's own knowledge). The generated text is joined
-with the question to form a new retrieval query. The knowledge filter reuses
+"""BlendFilter's query blending (Wang et al.): augment the question with knowledge, externally
+(chain-of-thought over passages retrieved for the question) or internally (the LM's own knowledge). The
+generated text is joined with the question to form a new retrieval query. The knowledge filter reuses
 :class:`ragsuite.signatures.hanrag.FilterBatch`.
 
 Both variants are the BlendQuery stage; ``BLEND_QUERY`` maps the variant name to its signature.
@@ -37,6 +37,9 @@ class BlendQueryInternal(dspy.Signature):
 
 
 #: The BlendQuery variants by name.
-BLEND_QUERY: dict[str, type[dspy.Signature]] = {"external": BlendQueryExternal, "internal": BlendQueryInternal}
+BLEND_QUERY: dict[str, type[dspy.Signature]] = {
+    "external": BlendQueryExternal,
+    "internal": BlendQueryInternal,
+}
 
 __all__ = ["BLEND_QUERY", "BlendQueryExternal", "BlendQueryInternal"]

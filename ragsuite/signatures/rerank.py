@@ -1,6 +1,6 @@
-"""Knowledge-aware diverse reranking (LiveRAG 2025 winner): declare the knowledge a question needs against each
-top document, summarize the declarations into two complementary knowledge queries, and (optionally) score a
-passage's relevance with the LM when no reranking model is used.
+"""Knowledge-aware diverse reranking (LiveRAG 2025 winner): declare the knowledge a question needs against
+each top document, summarize the declarations into two complementary knowledge queries, and (optionally)
+score a passage's relevance with the LM when no reranking model is used.
 
 Example:
     >>> import dspy
@@ -21,7 +21,8 @@ class KnowledgeDeclare(dspy.Signature):
 
     Use the document to interpret the question's terms correctly (an ambiguous name may refer to a product,
     a person or a place). Each knowledge element is one short factual statement or question. The elements
-    present in the document must be a subset of the required elements; list none if the document holds none."""
+    present in the document must be a subset of the required elements; list none if the document holds
+    none."""
 
     question: str = dspy.InputField()
     passage: str = dspy.InputField(desc="a top-ranked document, 'title | text'")

@@ -1,0 +1,253 @@
+"""Swappable stages any program can plug in: an LM passage filter and BlendFilter's query blending.
+
+Both are ``dspy.Module``s whose predictors become part of the program that holds them (so optimizers and
+per-stage LMs see them), but they do their bookkeeping in the program's run: each call takes the running
+``program`` (for :meth:`~ragsuite.programs.base.RAGProgram.call_stage`, which counts LM calls and applies the
+parse-error fallbacks) and its :class:`~ragsuite.programs.base.RunLedger` (trace and cost stats).
+
+Contract used by programs::
+
+    kept: list[Passage] = filter_stage(program, ledger, question, passages)
+    queries: list[str] = blend_stage(program, ledger, question, passages)
+
+Combinations this enables: ``vanilla`` + ``FilterStage`` is HANRAG's ANRAG chain without routing (or
+BlendFilter without blending); ``vanilla`` + ``BlendStage`` + ``FilterStage`` is BlendFilter; ``deepnote`` +
+``FilterStage`` drops irrelevant passages before they reach a note.
+
+Example:
+    >>> from ragsuite.programs.stages import BlendStage, FilterStage
+    >>> from ragsuite import programs
+    >>> # vanilla = programs.get("vanilla")(retriever=r, filter=FilterStage(mode="batch"), blend=BlendStage())
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import dspy
+
+from ragsuite.errors import ConfigError
+from ragsuite.programs.base import RAGProgram, RunLedger, run_concurrently
+from ragsuite.retrieval.base import Passage
+from ragsuite.signatures.answer import format_passages
+from ragsuite.signatures.blendfilter import BlendQueryExternal, BlendQueryInternal
+from ragsuite.signatures.hanrag import Filter, FilterBatch
+
+logger = logging.getLogger("ragsuite.programs.stages")
+
+FilterMode = Literal["per_passage", "batch"]
+BlendWhich = Literal["both", "external", "internal"]
+
+#: DeepNote's official code caps a retrieval query at 500 characters; the blended queries follow suit.
+MAX_QUERY_CHARS = 500
+
+
+def retrieve_traced(
+    program: RAGProgram, ledger: RunLedger, query: str, k: int, **fields: Any
+) -> list[Passage]:
+    """``program.retrieve`` plus a ``"retrieve"`` trace event with the query and passage ids.
+
+    An empty result is already recorded by ``program.retrieve`` (with ``empty=True``), so it is not
+    recorded twice. Extra ``fields`` (e.g. ``sub_question=...``) go into the event.
+    """
+    passages = program.retrieve(ledger, query, k)
+    if passages:
+        ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages], **fields)
+    return passages
+
+
+def join_query(question: str, text: str, *, max_chars: int = MAX_QUERY_CHARS) -> str:
+    """A retrieval query made of the question and generated text, truncated to ``max_chars``.
+
+    The question goes first: retrievers with short query windows (ColBERT encodes 32 query tokens by
+    default) would otherwise lose it behind a long generated text.
+    """
+    text = " ".join(text.split())
+    query = f"{question}\n{text}" if text else question
+    return query[:max_chars]
+
+
+class FilterStage(dspy.Module):
+    """Keep only the passages the LM judges relevant to a question (HANRAG's relevance discriminator,
+    BlendFilter's knowledge filter).
+
+    Call as ``stage(program, ledger, question, passages) -> list[Passage]``: the kept passages in their
+    original order. One ``"filter"`` trace event records ``kept`` and ``dropped`` ids.
+
+    Modes:
+        ``per_passage``: one :class:`~ragsuite.signatures.hanrag.Filter` call per passage, run concurrently
+            (the HANRAG paper). An unparsable verdict keeps the passage; the fallback is recorded.
+        ``batch``: one :class:`~ragsuite.signatures.hanrag.FilterBatch` call for the whole set, answering
+            the numbers of the relevant passages (BlendFilter's prompt); far fewer LM calls. An unparsable
+            reply keeps every passage (recorded); numbers outside ``1..len(passages)`` are ignored and listed
+            in the event as ``invalid``.
+
+    Args:
+        mode: ``"per_passage"`` or ``"batch"``.
+        max_workers: Threads for per-passage calls (``None``: one per passage).
+
+    Example:
+        >>> stage = FilterStage(mode="batch")
+        >>> # kept = stage(program, ledger, "Who married Edith Swan-neck?", passages)
+    """
+
+    def __init__(self, *, mode: FilterMode = "per_passage", max_workers: int | None = None) -> None:
+        super().__init__()
+        if mode not in ("per_passage", "batch"):
+            raise ConfigError(f"filter mode must be 'per_passage' or 'batch', not {mode!r}")
+        if max_workers is not None and max_workers < 1:
+            raise ConfigError(f"max_workers must be >= 1, not {max_workers}")
+        self.mode: FilterMode = mode
+        self.max_workers = max_workers
+        # Only the active mode's predictor exists, so optimizers never tune an unused prompt; distinct names
+        # keep a saved per-passage prompt from being loaded into the batch signature.
+        if mode == "per_passage":
+            self.per_passage = dspy.Predict(Filter)
+        else:
+            self.batch = dspy.Predict(FilterBatch)
+
+    def forward(
+        self,
+        program: RAGProgram,
+        ledger: RunLedger,
+        question: str,
+        passages: Sequence[Passage],
+        **fields: Any,
+    ) -> list[Passage]:
+        """Filter ``passages`` for ``question``; extra ``fields`` go into the trace event."""
+        passages = list(passages)
+        invalid: list[Any] = []
+        if not passages:
+            verdicts: list[bool] = []
+        elif self.mode == "per_passage":
+            verdicts = self._per_passage(program, ledger, question, passages)
+        else:
+            verdicts, invalid = self._batch(program, ledger, question, passages)
+        kept = [p for p, keep in zip(passages, verdicts, strict=True) if keep]
+        dropped = [p for p, keep in zip(passages, verdicts, strict=True) if not keep]
+        event: dict[str, Any] = {
+            "question": question,
+            "mode": self.mode,
+            "kept": [p.id for p in kept],
+            "dropped": [p.id for p in dropped],
+            **fields,
+        }
+        if invalid:
+            event["invalid"] = invalid
+        ledger.record("filter", **event)
+        return kept
+
+    def _per_passage(
+        self, program: RAGProgram, ledger: RunLedger, question: str, passages: list[Passage]
+    ) -> list[bool]:
+        def judge(passage: Passage) -> bool:
+            prediction = program.call_stage(
+                ledger,
+                "filter",
+                self.per_passage,
+                fallback={"relevant": True},
+                question=question,
+                passage=passage.render(),
+            )
+            return bool(prediction.relevant)
+
+        return run_concurrently(judge, passages, max_workers=self.max_workers)
+
+    def _batch(
+        self, program: RAGProgram, ledger: RunLedger, question: str, passages: list[Passage]
+    ) -> tuple[list[bool], list[Any]]:
+        everything = list(range(1, len(passages) + 1))
+        prediction = program.call_stage(
+            ledger,
+            "filter",
+            self.batch,
+            fallback={"relevant": everything},
+            question=question,
+            passages=format_passages(passages),
+        )
+        chosen: set[int] = set()
+        invalid: list[Any] = []
+        for number in prediction.relevant or []:
+            if isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= len(passages):
+                chosen.add(number)
+            else:
+                invalid.append(number)
+        if invalid:
+            logger.debug("filter: ignoring passage numbers %r outside 1..%d", invalid, len(passages))
+        return [i in chosen for i in everything], invalid
+
+
+class BlendStage(dspy.Module):
+    """BlendFilter's query blending: new retrieval queries made of the question and generated knowledge.
+
+    Call as ``stage(program, ledger, question, passages) -> list[str]``: the augmented queries, external
+    first, each the question joined with the generated text (see :func:`join_query`). ``passages`` are the
+    ones retrieved for the question; only the external variant reads them. The two variants run
+    concurrently. One ``"blend"`` trace event per variant records the generated text and the query.
+
+    Variants:
+        ``external``: chain-of-thought answer over the passages
+            (:class:`~ragsuite.signatures.blendfilter.BlendQueryExternal`); reasoning and answer are the
+            generated text.
+        ``internal``: the LM's own knowledge about the question
+            (:class:`~ragsuite.signatures.blendfilter.BlendQueryInternal`).
+
+    An unparsable reply falls back to an empty generation (recorded), leaving the question itself as the
+    query.
+
+    Args:
+        which: ``"both"``, ``"external"`` or ``"internal"``.
+        max_query_chars: Cap on each query's length.
+
+    Example:
+        >>> stage = BlendStage(which="both")
+        >>> # queries = stage(program, ledger, question, passages)  -> [external query, internal query]
+    """
+
+    def __init__(self, *, which: BlendWhich = "both", max_query_chars: int = MAX_QUERY_CHARS) -> None:
+        super().__init__()
+        if which not in ("both", "external", "internal"):
+            raise ConfigError(f"blend must be 'both', 'external' or 'internal', not {which!r}")
+        if max_query_chars < 1:
+            raise ConfigError(f"max_query_chars must be >= 1, not {max_query_chars}")
+        self.which: BlendWhich = which
+        self.max_query_chars = max_query_chars
+        self.external = dspy.ChainOfThought(BlendQueryExternal) if which in ("both", "external") else None
+        self.internal = dspy.Predict(BlendQueryInternal) if which in ("both", "internal") else None
+
+    @property
+    def variants(self) -> list[str]:
+        """The active variants, in the order their queries are returned."""
+        return [name for name in ("external", "internal") if getattr(self, name) is not None]
+
+    def forward(
+        self, program: RAGProgram, ledger: RunLedger, question: str, passages: Sequence[Passage]
+    ) -> list[str]:
+        rendered = format_passages(passages)
+
+        def generate(variant: str) -> str:
+            if variant == "external":
+                prediction = program.call_stage(
+                    ledger,
+                    "blend_external",
+                    self.external,
+                    fallback={"reasoning": "", "answer": ""},
+                    question=question,
+                    passages=rendered,
+                )
+                text = f"{prediction.reasoning or ''} {prediction.answer or ''}".strip()
+            else:
+                prediction = program.call_stage(
+                    ledger, "blend_internal", self.internal, fallback={"knowledge": ""}, question=question
+                )
+                text = str(prediction.knowledge or "").strip()
+            query = join_query(question, text, max_chars=self.max_query_chars)
+            ledger.record("blend", variant=variant, text=text, query=query)
+            return query
+
+        return run_concurrently(generate, self.variants)
+
+
+__all__ = ["BlendStage", "FilterStage", "join_query", "retrieve_traced"]
