@@ -22,4 +22,7 @@ from ragsuite.signatures.answer import (
     answer_signature,
     format_passages,
 )
+from ragsuite.signatures.blendfilter import BLEND_QUERY, BlendQueryExternal, BlendQueryInternal
 from ragsuite.signatures.deepnote import NoteCompare, NoteInit, NoteUpdate, QueryRefine
+from ragsuite.signatures.hanrag import Decompose, EndCheck, Filter, FilterBatch, RefineSeed, Route
+from ragsuite.signatures.rerank import KnowledgeDeclare, KnowledgeSummarize, RelevanceScore
