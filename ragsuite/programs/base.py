@@ -167,18 +167,23 @@ class RAGProgram(dspy.Module):
             ledger.record(stage, fallback=fallback, reason=reason)
             return dspy.Prediction(**fallback)
 
-    def retrieve(self, ledger: RunLedger, query: str, k: int) -> list[Passage]:
+    def retrieve(
+        self, ledger: RunLedger, query: str, k: int, *, retriever: Retriever | None = None
+    ) -> list[Passage]:
         """Retrieve ``k`` passages for ``query``, counting the call and noting an empty result.
+
+        ``retriever`` overrides ``self.retriever`` for programs that query several retrievers.
 
         Raises:
             RetrievalError: wrapping any retriever failure, with the question in the message.
         """
-        if self.retriever is None:
+        retriever = retriever if retriever is not None else self.retriever
+        if retriever is None:
             raise ConfigError(f"program {self.name!r} needs a retriever; pass retriever=...")
         with ledger._lock:
             ledger.retrievals += 1
         try:
-            passages = list(self.retriever(query, k))
+            passages = list(retriever(query, k))
         except Exception as exc:
             raise RetrievalError(
                 f"retrieval failed for question {ledger.question[:200]!r} (query {query[:200]!r}): {exc}"
