@@ -1,0 +1,488 @@
+"""Readers for the public releases of the datasets, converting them to ragsuite's layout.
+
+Each reader returns a :class:`ConvertedDataset` (passages + question rows) that :meth:`ConvertedDataset.write`
+stores as ``corpus.jsonl`` / ``<split>.jsonl`` (see :mod:`ragsuite.data.datasets`), so that
+``load_dataset(name, data_dir=...)`` and the BM25 index work on a user's full download exactly as on the
+shipped dev samples.
+
+Passage ids are ``sha1(title + "\\n" + text)[:16]`` (the scheme of the shipped corpora): stable across runs
+and machines, and identical passages shared by several questions are stored once. Source ids (DPR
+``passage_id``, ALCE doc ids) are not kept: they are not unique across the files a corpus is built from.
+
+Every reader accepts a JSON array or JSON Lines, and raises :class:`~ragsuite.errors.DataError` naming the
+file, the record (``file:line`` for JSONL, ``file[index]`` for an array) and what is wrong.
+
+Fields read, per format:
+    hotpotqa (``hotpot_dev_distractor_v1.json``): ``_id``, ``question``, ``answer``, ``type``,
+        ``context`` = ``[[title, [sentence, ...]], ...]``,
+        ``supporting_facts`` = ``[[title, sentence_index], ...]``.
+        Each context paragraph is one passage (sentences concatenated); gold = paragraphs whose title is in
+        ``supporting_facts``.
+    2wikimultihopqa (``dev.json``): the HotpotQA fields; ``evidences``
+        (``[[subject, relation, object], ...]``) is validated when present but not stored.
+    musique (``musique_ans_v1.0_dev.jsonl`` / ``musique_full_v1.0_dev.jsonl``): ``id``, ``question``,
+        ``answer``, ``answer_aliases``, ``answerable``,
+        ``paragraphs`` = ``[{"idx", "title", "paragraph_text", "is_supporting"}]``.
+        answers = answer + aliases; gold = supporting paragraphs; type = the id's prefix (``2hop``,
+        ``3hop1``, ...). Unanswerable questions (the "full" release) are skipped unless
+        ``include_unanswerable=True``.
+    asqa (ALCE's ``asqa_eval_gtr_top100.json``; also the original ``ASQA.json`` with its ``train``/``dev``
+        maps): ``sample_id``, ``question`` (or ``ambiguous_question``), ``qa_pairs[].short_answers``
+        (one alias group per disambiguation), ``annotations[].long_answer`` (the answers),
+        ``annotations[].knowledge[] = {"content", "wikipage"}`` (gold evidence) and
+        ``docs[] = {"title", "text"}`` (retrieved passages, added to the corpus as non-gold).
+    strategyqa (``strategyqa_train.json`` + ``strategyqa_train_paragraphs.json``): ``qid``, ``question``,
+        ``answer`` (bool -> "yes"/"no"), ``evidence`` (per annotator, per decomposition step: lists of
+        paragraph ids, or "operation" / "no_evidence"). The paragraphs file maps a paragraph id to
+        ``{"title", "content", ...}``; every evidence paragraph becomes a gold passage. Without it the corpus
+        is empty.
+    nq (NQ-open ``NQ-open.dev.jsonl``; DPR's ``nq-dev.json``; FiD-style files with ``ctxs``): ``question``,
+        ``answer`` or ``answers``, optional ``id``. Passages, when present: DPR ``positive_ctxs`` (gold),
+        ``negative_ctxs`` / ``hard_negative_ctxs`` (non-gold), or ``ctxs`` (gold where ``has_answer`` is
+        true). Plain NQ-open has no passages: the corpus is then empty.
+
+Example:
+    >>> from ragsuite.data.readers import convert
+    >>> stats = convert("hotpotqa", "hotpot_dev_distractor_v1.json", "mydata/hotpotqa")  # doctest: +SKIP
+    >>> # then: load_dataset("hotpotqa", data_dir="mydata")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ujson
+
+from ragsuite.data.datasets import write_jsonl
+from ragsuite.errors import DataError
+from ragsuite.retrieval.base import Passage
+
+log = logging.getLogger("ragsuite.data.readers")
+
+PathLike = str | os.PathLike[str]
+
+
+def passage_id(title: str, text: str) -> str:
+    """The stable id of a passage: the first 16 hex digits of ``sha1(title + "\\n" + text)``."""
+    return hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:16]
+
+
+@dataclass
+class ConvertedDataset:
+    """Passages and question rows in ragsuite's layout.
+
+    Attributes:
+        passages: The deduplicated corpus, in first-seen order.
+        rows: One dict per question: ``id``, ``question``, ``answers``, ``type``, ``gold_passage_ids``
+            and, for ASQA, ``short_answers``.
+    """
+
+    passages: list[Passage] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, out_dir: PathLike, *, split: str = "dev") -> dict[str, Any]:
+        """Write ``corpus.jsonl`` and ``<split>.jsonl`` under ``out_dir``, each atomically.
+
+        Returns:
+            ``{"questions", "passages", "corpus", "split"}`` (counts and the two file paths).
+        """
+        out = Path(out_dir)
+        corpus_path = out / "corpus.jsonl"
+        split_path = out / f"{split}.jsonl"
+        n_passages = write_jsonl(
+            corpus_path, ({"id": p.id, "title": p.title, "text": p.text} for p in self.passages)
+        )
+        n_rows = write_jsonl(split_path, self.rows)
+        return {
+            "questions": n_rows,
+            "passages": n_passages,
+            "corpus": str(corpus_path),
+            "split": str(split_path),
+        }
+
+
+class _Corpus:
+    """Collects passages, deduplicated by id."""
+
+    def __init__(self) -> None:
+        self._passages: dict[str, Passage] = {}
+
+    def add(self, title: str, text: str) -> str:
+        title, text = title.strip(), text.strip()
+        pid = passage_id(title, text)
+        self._passages.setdefault(pid, Passage(id=pid, title=title, text=text))
+        return pid
+
+    def passages(self) -> list[Passage]:
+        return list(self._passages.values())
+
+
+def _read_records(path: PathLike) -> Iterator[tuple[str, Any]]:
+    """``(location, record)`` for a JSON array (``file[i]``) or a JSON Lines file (``file:line``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path} does not exist")
+    with path.open(encoding="utf-8") as handle:
+        head = handle.read(4096).lstrip()
+    if head.startswith("["):
+        try:
+            with path.open(encoding="utf-8") as handle:
+                data = ujson.load(handle)
+        except ValueError as exc:
+            raise DataError(f"{path}: not valid JSON ({exc})") from None
+        for index, record in enumerate(data):
+            yield f"{path}[{index}]", record
+        return
+    if head.startswith("{"):
+        # One JSON document (a map such as ASQA's {"dev": {...}}) or JSON Lines.
+        try:
+            with path.open(encoding="utf-8") as handle:
+                data = ujson.load(handle)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            yield str(path), data
+            return
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{lineno}", ujson.loads(line)
+            except ValueError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+
+
+def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str, *, required: bool = True) -> Any:
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if key not in record or record[key] is None:
+        if required:
+            raise DataError(f"{where}: missing {key!r}")
+        return None
+    value = record[key]
+    if not isinstance(value, kind):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise DataError(f"{where}: {key!r} must be {names}, got {type(value).__name__}")
+    return value
+
+
+def _question(record: Any, where: str, key: str = "question") -> str:
+    question = _field(record, key, str, where)
+    if not question.strip():
+        raise DataError(f"{where}: empty {key!r}")
+    return question.strip()
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(item for item in items if item))
+
+
+def _join_sentences(sentences: list[str]) -> str:
+    # HotpotQA sentences carry their own leading space; insert one only where a sentence lacks it.
+    text = ""
+    for sentence in sentences:
+        if text and not text[-1].isspace() and not sentence[:1].isspace():
+            text += " "
+        text += sentence
+    return text.strip()
+
+
+def read_hotpotqa(path: PathLike) -> ConvertedDataset:
+    """Read HotpotQA's distractor-setting JSON (see the module docstring for the fields)."""
+    return _read_hotpot_like(path, evidences=False)
+
+
+def read_2wikimultihopqa(path: PathLike) -> ConvertedDataset:
+    """Read 2WikiMultihopQA's JSON: HotpotQA's shape plus ``evidences`` triples."""
+    return _read_hotpot_like(path, evidences=True)
+
+
+def _read_hotpot_like(path: PathLike, *, evidences: bool) -> ConvertedDataset:
+    corpus, rows = _Corpus(), []
+    for where, record in _read_records(path):
+        qid = str(_field(record, "_id", (str, int), where))
+        where = f"{where} ({qid})"
+        question = _question(record, where)
+        answer = _field(record, "answer", str, where)
+        context = _field(record, "context", list, where)
+        facts = _field(record, "supporting_facts", list, where)
+        if evidences:
+            triples = _field(record, "evidences", list, where, required=False) or []
+            if not all(isinstance(t, list) for t in triples):
+                raise DataError(f"{where}: 'evidences' must be a list of [subject, relation, object] triples")
+        by_title: dict[str, str] = {}
+        for item in context:
+            if (
+                not isinstance(item, list)
+                or len(item) != 2
+                or not isinstance(item[0], str)
+                or not isinstance(item[1], list)
+                or not all(isinstance(s, str) for s in item[1])
+            ):
+                raise DataError(f"{where}: 'context' must be a list of [title, [sentence, ...]] pairs")
+            by_title[item[0]] = corpus.add(item[0], _join_sentences(item[1]))
+        gold = []
+        for fact in facts:
+            if not isinstance(fact, list) or len(fact) != 2 or not isinstance(fact[0], str):
+                raise DataError(
+                    f"{where}: 'supporting_facts' must be a list of [title, sentence_index] pairs"
+                )
+            if fact[0] not in by_title:
+                raise DataError(f"{where}: supporting fact title {fact[0]!r} is not in 'context'")
+            gold.append(by_title[fact[0]])
+        rows.append(
+            {
+                "id": qid,
+                "question": question,
+                "answers": [answer],
+                "type": str(record.get("type") or ""),
+                "gold_passage_ids": _unique(gold),
+            }
+        )
+    return ConvertedDataset(corpus.passages(), rows)
+
+
+def read_musique(path: PathLike, *, include_unanswerable: bool = False) -> ConvertedDataset:
+    """Read MuSiQue's JSONL (answerable or full release; see the module docstring for the fields).
+
+    Args:
+        path: The JSONL file.
+        include_unanswerable: Keep questions marked ``answerable: false`` (their gold list is then empty).
+    """
+    corpus, rows, skipped = _Corpus(), [], 0
+    for where, record in _read_records(path):
+        qid = str(_field(record, "id", (str, int), where))
+        where = f"{where} ({qid})"
+        question = _question(record, where)
+        if record.get("answerable") is False and not include_unanswerable:
+            skipped += 1
+            continue
+        answer = _field(record, "answer", str, where)
+        aliases = _field(record, "answer_aliases", list, where, required=False) or []
+        paragraphs = _field(record, "paragraphs", list, where)
+        gold = []
+        for index, para in enumerate(paragraphs):
+            spot = f"{where} paragraphs[{index}]"
+            title = _field(para, "title", str, spot)
+            text = _field(para, "paragraph_text", str, spot)
+            pid = corpus.add(title, text)
+            if para.get("is_supporting") is True:
+                gold.append(pid)
+        rows.append(
+            {
+                "id": qid,
+                "question": question,
+                "answers": _unique([answer.strip(), *(str(a).strip() for a in aliases)]),
+                "type": qid.split("__", 1)[0] if "__" in qid else "",
+                "gold_passage_ids": _unique(gold),
+            }
+        )
+    if skipped:
+        log.info("skipped %d unanswerable MuSiQue questions in %s", skipped, path)
+    return ConvertedDataset(corpus.passages(), rows)
+
+
+def read_asqa(path: PathLike, *, split: str = "dev") -> ConvertedDataset:
+    """Read ASQA in ALCE's JSON (a list) or the original ``ASQA.json`` (``{split: {sample_id: ...}}``).
+
+    Args:
+        path: The JSON file.
+        split: Which split of the original ``ASQA.json`` to read; ignored for ALCE's list.
+    """
+    corpus, rows = _Corpus(), []
+    for where, record in _read_records(path):
+        if isinstance(record, dict) and "qa_pairs" not in record and split in record:
+            # The original release: {"train": {id: item}, "dev": {id: item}}.
+            items = _field(record, split, dict, where)
+            for sample_id, item in items.items():
+                rows.append(_asqa_row(f"{where}[{split}][{sample_id}]", item, corpus, str(sample_id)))
+        elif isinstance(record, dict) and "qa_pairs" not in record:
+            raise DataError(
+                f"{where}: neither an ALCE ASQA item (no 'qa_pairs') nor a map with a {split!r} split"
+            )
+        else:
+            rows.append(_asqa_row(where, record, corpus, None))
+    return ConvertedDataset(corpus.passages(), rows)
+
+
+def _asqa_row(where: str, record: Any, corpus: _Corpus, sample_id: str | None) -> dict[str, Any]:
+    if sample_id is None:
+        sample_id = str(_field(record, "sample_id", (str, int), where))
+    where = f"{where} ({sample_id})"
+    key = "question" if isinstance(record, dict) and "question" in record else "ambiguous_question"
+    question = _question(record, where, key)
+    groups = []
+    for index, pair in enumerate(_field(record, "qa_pairs", list, where)):
+        aliases = _field(pair, "short_answers", list, f"{where} qa_pairs[{index}]")
+        groups.append([str(a) for a in aliases])
+    answers, gold = [], []
+    for index, note in enumerate(_field(record, "annotations", list, where)):
+        spot = f"{where} annotations[{index}]"
+        long_answer = _field(note, "long_answer", str, spot)
+        if long_answer.strip():
+            answers.append(long_answer.strip())
+        for k, knowledge in enumerate(_field(note, "knowledge", list, spot, required=False) or []):
+            content = _field(knowledge, "content", str, f"{spot} knowledge[{k}]")
+            title = _field(knowledge, "wikipage", str, f"{spot} knowledge[{k}]", required=False) or ""
+            gold.append(corpus.add(title, content))
+    if not answers and isinstance(record.get("answer"), str):
+        answers.append(record["answer"].strip())
+    if not answers:
+        raise DataError(f"{where}: no long answer in 'annotations'")
+    for index, doc in enumerate(_field(record, "docs", list, where, required=False) or []):
+        spot = f"{where} docs[{index}]"
+        corpus.add(_field(doc, "title", str, spot, required=False) or "", _field(doc, "text", str, spot))
+    return {
+        "id": sample_id,
+        "question": question,
+        "answers": _unique(answers),
+        "type": "long-form",
+        "gold_passage_ids": _unique(gold),
+        "short_answers": groups,
+    }
+
+
+def _evidence_ids(evidence: Any) -> Iterator[str]:
+    # Nested lists (annotator -> step -> items); items are paragraph-id lists or "operation"/"no_evidence".
+    if isinstance(evidence, str):
+        if evidence not in ("operation", "no_evidence"):
+            yield evidence
+    elif isinstance(evidence, list):
+        for item in evidence:
+            yield from _evidence_ids(item)
+
+
+def read_strategyqa(path: PathLike, *, paragraphs: PathLike | None = None) -> ConvertedDataset:
+    """Read StrategyQA's JSON, resolving evidence paragraph ids through the paragraphs JSON.
+
+    Args:
+        path: ``strategyqa_train.json`` (or a split of it in the same shape).
+        paragraphs: ``strategyqa_train_paragraphs.json``: ``{paragraph_id: {"title", "content", ...}}``.
+            Without it the corpus is empty and questions have no gold passages.
+    """
+    table: dict[str, Any] = {}
+    if paragraphs is not None:
+        records = list(_read_records(paragraphs))
+        if len(records) != 1 or not isinstance(records[0][1], dict):
+            raise DataError(f"{paragraphs}: expected one JSON object mapping paragraph ids to paragraphs")
+        table = records[0][1]
+    else:
+        log.warning("no StrategyQA paragraphs file given: the corpus will be empty")
+    corpus, rows = _Corpus(), []
+    for where, record in _read_records(path):
+        qid = str(_field(record, "qid", (str, int), where))
+        where = f"{where} ({qid})"
+        question = _question(record, where)
+        answer = _field(record, "answer", (bool, str), where)
+        if isinstance(answer, str):
+            if answer.strip().lower() not in ("yes", "no", "true", "false"):
+                raise DataError(f"{where}: 'answer' must be true/false or yes/no, got {answer!r}")
+            answer = answer.strip().lower() in ("yes", "true")
+        gold = []
+        if table:
+            for para_id in _unique(list(_evidence_ids(record.get("evidence") or []))):
+                if para_id not in table:
+                    raise DataError(f"{where}: evidence paragraph {para_id!r} is not in {paragraphs}")
+                spot = f"{paragraphs} ({para_id})"
+                para = table[para_id]
+                gold.append(corpus.add(_field(para, "title", str, spot), _field(para, "content", str, spot)))
+        rows.append(
+            {
+                "id": qid,
+                "question": question,
+                "answers": ["yes" if answer else "no"],
+                "type": "yes/no",
+                "gold_passage_ids": _unique(gold),
+            }
+        )
+    return ConvertedDataset(corpus.passages(), rows)
+
+
+def read_nq(path: PathLike) -> ConvertedDataset:
+    """Read NQ-open JSONL, DPR's retriever JSON or a FiD-style file with ``ctxs`` (see the module doc)."""
+    corpus, rows = _Corpus(), []
+    for index, (where, record) in enumerate(_read_records(path)):
+        question = _question(record, where)
+        answers = record.get("answer", record.get("answers")) if isinstance(record, dict) else None
+        if isinstance(answers, str):
+            answers = [answers]
+        if not isinstance(answers, list) or not answers:
+            raise DataError(f"{where}: 'answer' (or 'answers') must be a non-empty list of strings")
+        qid = str(record.get("id") or f"nq-open-{index:04d}")
+        gold = []
+        for key, is_gold in (
+            ("positive_ctxs", True),
+            ("negative_ctxs", False),
+            ("hard_negative_ctxs", False),
+        ):
+            for k, ctx in enumerate(_field(record, key, list, where, required=False) or []):
+                pid = _ctx(ctx, f"{where} {key}[{k}]", corpus)
+                if is_gold:
+                    gold.append(pid)
+        for k, ctx in enumerate(_field(record, "ctxs", list, where, required=False) or []):
+            pid = _ctx(ctx, f"{where} ctxs[{k}]", corpus)
+            if ctx.get("has_answer") is True:
+                gold.append(pid)
+        rows.append(
+            {
+                "id": qid,
+                "question": question,
+                "answers": _unique([str(a).strip() for a in answers]),
+                "type": "single-hop",
+                "gold_passage_ids": _unique(gold),
+            }
+        )
+    return ConvertedDataset(corpus.passages(), rows)
+
+
+def _ctx(ctx: Any, where: str, corpus: _Corpus) -> str:
+    return corpus.add(_field(ctx, "title", str, where, required=False) or "", _field(ctx, "text", str, where))
+
+
+READERS: dict[str, Callable[..., ConvertedDataset]] = {
+    "hotpotqa": read_hotpotqa,
+    "2wikimultihopqa": read_2wikimultihopqa,
+    "musique": read_musique,
+    "asqa": read_asqa,
+    "strategyqa": read_strategyqa,
+    "nq": read_nq,
+}
+FORMATS: tuple[str, ...] = tuple(READERS)
+
+
+def read(fmt: str, path: PathLike, **options: Any) -> ConvertedDataset:
+    """Read ``path`` in the public format ``fmt`` (one of :data:`FORMATS`).
+
+    Args:
+        fmt: The format name (same as the dataset name).
+        path: The downloaded file.
+        **options: Format options: ``paragraphs=`` (strategyqa), ``split=`` (asqa's original file),
+            ``include_unanswerable=`` (musique).
+    """
+    try:
+        reader = READERS[fmt]
+    except KeyError:
+        raise DataError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}") from None
+    return reader(path, **options)
+
+
+def convert(
+    fmt: str, path: PathLike, out_dir: PathLike, *, split: str = "dev", **options: Any
+) -> dict[str, Any]:
+    """Read a public file and write ``out_dir/corpus.jsonl`` and ``out_dir/<split>.jsonl``.
+
+    Nothing is written when reading fails. Returns the counts and paths of :meth:`ConvertedDataset.write`.
+    """
+    if fmt == "asqa":
+        options.setdefault("split", split)
+    dataset = read(fmt, path, **options)
+    if not dataset.rows:
+        raise DataError(f"{path}: no questions found in {fmt} format")
+    return dataset.write(out_dir, split=split)
