@@ -1,9 +1,90 @@
-"""Placeholder until the command is implemented."""
+"""``ragsuite index``: build (or find cached) the retrieval index of a dataset's corpus."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+
+from ragsuite.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    parser = subparsers.add_parser(
+        "index",
+        help="build the BM25 (or a ColBERTv2) index of a dataset's corpus",
+        description="Build the retrieval index of a dataset's corpus. BM25 indexes are cached under "
+        "the cache directory and reused by every command; a second run only loads the cached index.",
+    )
+    parser.add_argument("--dataset", required=True, help="dataset whose corpus.jsonl is indexed")
+    parser.add_argument("--retriever", choices=("bm25", "colbert"), default="bm25", help="index kind")
+    parser.add_argument(
+        "--data-dir", default=None, help="dataset root (default: $RAGSUITE_DATA or ../shared/data)"
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="cache root for BM25 (default: $RAGSUITE_CACHE or ~/.cache/ragsuite)",
+    )
+    parser.add_argument(
+        "--checkpoint", default=None, help="ColBERT checkpoint directory (--retriever colbert)"
+    )
+    parser.add_argument(
+        "--index-dir", default=None, help="where the ColBERT index is written (--retriever colbert)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    if args.retriever == "colbert":
+        info = _index_colbert(args)
+    else:
+        if args.checkpoint or args.index_dir:
+            raise ConfigError("--checkpoint and --index-dir apply to --retriever colbert only")
+        from ragsuite.retrieval.bm25 import BM25Retriever
+
+        retriever = BM25Retriever.from_dataset(
+            args.dataset, data_dir=args.data_dir, cache_dir=args.cache_dir, progress=sys.stderr.isatty()
+        )
+        info = {
+            "retriever": "bm25",
+            "dataset": args.dataset,
+            "index_key": retriever.index_key,
+            "index_dir": str(retriever.index_dir),
+            "passages": len(retriever),
+            "built": retriever.index_built,
+        }
+    info["seconds"] = round(time.perf_counter() - started, 3)
+    if args.json:
+        print(json.dumps(info))
+    else:
+        what = "built" if info.get("built", True) else "loaded cached"
+        print(
+            f"{what} {info['retriever']} index of {args.dataset} ({info['passages']} passages) "
+            f"in {info['seconds']:.2f}s"
+        )
+        if "index_key" in info:
+            print(f"index key: {info['index_key']}")
+        print(f"index dir: {info['index_dir']}")
+    return 0
+
+
+def _index_colbert(args: argparse.Namespace) -> dict:
+    if not args.checkpoint:
+        raise ConfigError("--retriever colbert needs --checkpoint PATH (a ColBERT checkpoint directory)")
+    from ragsuite.data.datasets import load_corpus
+
+    corpus = load_corpus(args.dataset, data_dir=args.data_dir)
+    index_dir = args.index_dir
+    if index_dir is None:
+        from ragsuite.paths import cache_dir
+
+        index_dir = str(cache_dir(args.cache_dir) / "colbert" / args.dataset)
+    # Imported here: the colbert extra (torch, colbert-ai) is optional.
+    from ragsuite.retrieval.colbert.index import build_colbert_index
+
+    build_colbert_index(corpus, checkpoint=args.checkpoint, index_dir=index_dir)
+    return {"retriever": "colbert", "dataset": args.dataset, "index_dir": index_dir, "passages": len(corpus)}

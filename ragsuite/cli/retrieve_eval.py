@@ -1,9 +1,120 @@
-"""Placeholder until the command is implemented."""
+"""``ragsuite retrieve-eval``: recall@k and all-gold@k of a retriever on a dataset's questions."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ragsuite.errors import ConfigError
+
+log = logging.getLogger("ragsuite.cli.retrieve_eval")
+
+# Queries per batch call: large enough to amortize, small enough for a live progress bar.
+_BATCH = 64
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    from ragsuite.retrieval.spec import SPEC_HELP
+
+    parser = subparsers.add_parser(
+        "retrieve-eval",
+        help="measure retrieval recall@k / all-gold@k on a dataset",
+        description="Retrieve for every question with gold passage ids and report recall@k (mean fraction "
+        "of gold passages in the top k) and all_gold@k (share of questions with all gold passages in the "
+        "top k).",
+    )
+    parser.add_argument(
+        "--dataset", required=True, help="dataset whose questions (and, for bm25, corpus) are used"
+    )
+    parser.add_argument("--split", default="dev", help="split file <split>.jsonl (default: dev)")
+    parser.add_argument("--questions", default=None, help="a JSONL file of questions in the dev.jsonl layout")
+    parser.add_argument("--retriever", default="bm25", help=SPEC_HELP)
+    parser.add_argument("--k", type=int, nargs="+", default=[5, 10], help="cutoffs (default: 5 10)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    parser.add_argument(
+        "--data-dir", default=None, help="dataset root (default: $RAGSUITE_DATA or ../shared/data)"
+    )
+    parser.add_argument("--cache-dir", default=None, help="index cache root (default: $RAGSUITE_CACHE)")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    parser.set_defaults(func=run)
+
+
+def evaluate_retrieval(
+    retriever: Any, examples: Sequence[Any], ks: Sequence[int], *, progress: bool = False
+) -> dict[str, float]:
+    """Mean ``recall@k`` and ``all_gold@k`` for each k over examples that have gold passage ids.
+
+    Returns:
+        ``{"recall@5": ..., "all_gold@5": ..., ..., "n": number of scored examples}``.
+    """
+    from tqdm.auto import tqdm
+
+    from ragsuite.data.metrics import all_gold, retrieval_recall
+
+    scored = [ex for ex in examples if list(ex.get("gold_passage_ids") or [])]
+    depth = max(ks)
+    totals = {f"{name}@{k}": 0.0 for k in ks for name in ("recall", "all_gold")}
+    with tqdm(
+        total=len(scored), desc="retrieve-eval", unit="q", disable=not progress, file=sys.stderr
+    ) as bar:
+        for lo in range(0, len(scored), _BATCH):
+            chunk = scored[lo : lo + _BATCH]
+            results = retriever.batch([ex.question for ex in chunk], depth)
+            for ex, passages in zip(chunk, results, strict=True):
+                ids = [p.id for p in passages]
+                for k in ks:
+                    totals[f"recall@{k}"] += retrieval_recall(ids, ex.gold_passage_ids, k)
+                    totals[f"all_gold@{k}"] += all_gold(ids, ex.gold_passage_ids, k)
+            bar.update(len(chunk))
+    n = len(scored)
+    metrics: dict[str, float] = {key: (value / n if n else 0.0) for key, value in totals.items()}
+    metrics["n"] = n
+    return metrics
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragsuite.data.datasets import get_dataset_info, load_dataset, load_examples_file
+    from ragsuite.retrieval.spec import build_retriever
+
+    ks = sorted(set(args.k))
+    if any(k < 1 for k in ks):
+        raise ConfigError(f"--k values must be positive, got {args.k}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be positive, got {args.limit}")
+    info = get_dataset_info(args.dataset)
+    if args.questions:
+        examples = load_examples_file(args.questions)
+    else:
+        examples = load_dataset(info.name, split=args.split, data_dir=args.data_dir)
+    if args.limit is not None:
+        examples = examples[: args.limit]
+    skipped = sum(1 for ex in examples if not list(ex.get("gold_passage_ids") or []))
+    if skipped == len(examples):
+        raise ConfigError(
+            f"none of the {len(examples)} questions of {args.dataset} has gold passage ids, so recall cannot "
+            "be measured (TriviaQA ships none)"
+        )
+    if skipped:
+        print(
+            f"note: skipping {skipped} of {len(examples)} questions without gold passage ids", file=sys.stderr
+        )
+    if args.retriever.strip() == "bm25" and not info.has_corpus:
+        raise ConfigError(f"{args.dataset} ships no corpus: pass --retriever bm25:DATASET, e.g. bm25:nq")
+    retriever = build_retriever(
+        args.retriever, dataset=info.name, data_dir=args.data_dir, cache_dir=args.cache_dir
+    )
+    metrics = evaluate_retrieval(retriever, examples, ks, progress=sys.stderr.isatty())
+    if args.json:
+        print(json.dumps(metrics))
+        return 0
+    spec = retriever.describe().get("spec", args.retriever)
+    print(f"{args.dataset}: {metrics['n']} questions, retriever {spec}")
+    print("| k | recall@k | all_gold@k |")
+    print("|---:|---:|---:|")
+    for k in ks:
+        print(f"| {k} | {100 * metrics[f'recall@{k}']:.1f} | {100 * metrics[f'all_gold@{k}']:.1f} |")
+    return 0

@@ -62,6 +62,17 @@ _MAX_SCORE_CELLS = 1 << 22
 _STEM_CACHE_LIMIT = 500_000
 
 
+def _bm25s() -> Any:
+    """Import bm25s, undoing the DEBUG level it forces on its own logger (which would make every index build
+    print a debug line through an application's root handler)."""
+    import bm25s
+
+    bm25s_log = logging.getLogger("bm25s")
+    if bm25s_log.level == logging.DEBUG:
+        bm25s_log.setLevel(logging.NOTSET)
+    return bm25s
+
+
 def _fold(text: str) -> str:
     """Drop diacritics ("Dvořák" -> "Dvorak"); ASCII text is returned as is, cheaply."""
     if text.isascii():
@@ -250,7 +261,7 @@ class BM25Retriever:
     # -- building and persistence -------------------------------------------------------------------
 
     def _compute_key(self) -> str:
-        import bm25s
+        bm25s = _bm25s()
 
         digest = hashlib.sha256()
         header = {"format": _FORMAT_VERSION, "bm25s": bm25s.__version__, "settings": self.settings}
@@ -263,9 +274,9 @@ class BM25Retriever:
         return (passage.title + " ") * self.settings["title_weight"] + passage.text
 
     def _build(self, *, progress: bool) -> Any:
-        import bm25s
         from tqdm.auto import tqdm
 
+        bm25s = _bm25s()
         log.info("building BM25 index %s over %d passages", self.index_key, len(self.passages))
         docs_words = [
             self._tokenize.words(self._document(p))
@@ -280,7 +291,7 @@ class BM25Retriever:
         return bm25
 
     def _meta(self) -> dict[str, Any]:
-        import bm25s
+        bm25s = _bm25s()
 
         return {
             "index_key": self.index_key,
@@ -314,7 +325,7 @@ class BM25Retriever:
 
     def _load(self) -> Any | None:
         """The cached index, or None when absent; a damaged one is removed (with a warning) to be rebuilt."""
-        import bm25s
+        bm25s = _bm25s()
 
         assert self.index_dir is not None
         directory = self.index_dir
@@ -467,7 +478,7 @@ class BM25Retriever:
 
     def describe(self) -> dict[str, Any]:
         """Kind, spec, index key, corpus size and settings (JSON-able)."""
-        import bm25s
+        bm25s = _bm25s()
 
         return {
             "kind": "bm25",
