@@ -1,9 +1,253 @@
-"""Placeholder until the command is implemented."""
+"""``ragsuite eval``: evaluate a program on a dataset with a real LM, resumably (:mod:`ragsuite.evaluate`).
+
+Example:
+    ragsuite eval --program deepnote --dataset hotpotqa --lm openai/gpt-4o-mini --limit 200 --threads 16 \\
+        --out runs/deepnote-hotpotqa
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from ragsuite.errors import ConfigError
+
+log = logging.getLogger("ragsuite.cli.eval")
+
+
+def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The LM flags shared by every command that calls an LM."""
+    from ragsuite.lm import SPEC_HELP
+
+    group = parser.add_argument_group("LM")
+    group.add_argument("--lm", required=True, metavar="SPEC", help=SPEC_HELP)
+    group.add_argument("--api-base", metavar="URL", help="OpenAI-compatible server, e.g. http://host:8000/v1")
+    group.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="environment variable holding the key (default OPENAI_API_KEY for OpenAI; VLLM_API_KEY "
+        "if set, else none, for --api-base servers). Keys are never taken from flags.",
+    )
+    group.add_argument("--temperature", type=float, default=0.1, help="sampling temperature (default 0.1)")
+    group.add_argument("--max-tokens", type=int, default=1024, help="completion budget per call")
+    group.add_argument("--timeout", type=float, default=120.0, help="seconds per LM request before retrying")
+    group.add_argument(
+        "--retries", type=int, default=4, help="retries on 429/5xx/timeouts, exponential backoff (default 4)"
+    )
+    group.add_argument("--no-cache", action="store_true", help="bypass DSPy's response cache")
+    group.add_argument(
+        "--stage-lm",
+        action="append",
+        default=[],
+        metavar="STAGE=SPEC",
+        help="another LM for one stage (repeatable), e.g. --stage-lm route=vllm:small",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    from ragsuite.retrieval.spec import SPEC_HELP as RETRIEVER_HELP
+
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a program on a dataset (parallel, resumable)",
+        description="Evaluate a program on a dataset with an LM. Records are saved as each example finishes; "
+        "rerunning the same command resumes.",
+    )
+    parser.add_argument(
+        "--program", help="program name (ragsuite.programs.names()); optional with --program-file"
+    )
+    parser.add_argument("--program-file", type=Path, help="a compiled program saved with program.save()")
+    parser.add_argument("--dataset", required=True, help="dataset name")
+    parser.add_argument("--split", default="dev", help="split file to read (default dev)")
+    parser.add_argument("--limit", type=int, help="evaluate the first N examples")
+    parser.add_argument("--threads", type=int, default=8, help="examples run at once (default 8)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob (repeatable)"
+    )
+    parser.add_argument("--retriever", default=None, help=RETRIEVER_HELP + "; 'none' for no retriever")
+    parser.add_argument("--max-errors", type=int, help="stop cleanly after N failed examples")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed sent to the LM (default 0)")
+    parser.add_argument("--data-dir", help="dataset root (default $RAGSUITE_DATA or ../shared/data)")
+    parser.add_argument("--cache-dir", help="where retrieval indexes are kept (default $RAGSUITE_CACHE)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--out", required=True, type=Path, help="run directory (created; reused to resume)")
+    add_lm_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def parse_knob_settings(items: list[str], allowed: tuple[str, ...], program: str) -> dict[str, Any]:
+    """``["top_k=7", "filter_mode=batch"]`` -> ``{"top_k": 7, "filter_mode": "batch"}``.
+
+    Values are read as JSON (numbers, booleans, lists), else kept as text."""
+    knobs: dict[str, Any] = {}
+    for item in items:
+        name, eq, raw = item.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ConfigError(f"--set expects KNOB=VALUE, not {item!r}")
+        if name not in allowed:
+            raise ConfigError(
+                f"program {program!r} has no knob {name!r}; its knobs are: {', '.join(allowed) or '(none)'}"
+            )
+        try:
+            knobs[name] = json.loads(raw)
+        except ValueError:
+            knobs[name] = raw
+    return knobs
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_program(args: argparse.Namespace, task: str) -> tuple[Any, dict[str, Any] | None]:
+    """The program (from the registry or a program file) and its retriever's description."""
+    from ragsuite import programs
+
+    retriever_spec = args.retriever
+    if args.program_file is not None:
+        if not args.program_file.is_file():
+            raise ConfigError(f"program file {args.program_file} does not exist")
+        retriever = _build_retriever(retriever_spec, args) if retriever_spec else None
+        import ragsuite
+
+        program = ragsuite.load(str(args.program_file), retriever=retriever)
+        if args.program and args.program != program.name:
+            raise ConfigError(f"{args.program_file} holds program {program.name!r}, not {args.program!r}")
+        for knob, value in parse_knob_settings(args.set, type(program).KNOBS, program.name).items():
+            setattr(program, knob, value)
+    else:
+        if not args.program:
+            raise ConfigError("give --program NAME or --program-file FILE")
+        cls = programs.get(args.program)
+        knobs = parse_knob_settings(args.set, cls.KNOBS, args.program)
+        if retriever_spec is None:
+            retriever_spec = (
+                "none" if not getattr(cls, "uses_retriever", cls.name != "no-retrieval") else "bm25"
+            )
+        retriever = _build_retriever(retriever_spec, args)
+        program = cls(retriever=retriever, task=task, **knobs)
+    retriever = getattr(program, "retriever", None)
+    description = None
+    if retriever is not None:
+        describe = getattr(retriever, "describe", None)
+        description = describe() if callable(describe) else {"spec": retriever_spec}
+    return program, description
+
+
+def _build_retriever(spec: str, args: argparse.Namespace) -> Any:
+    if spec == "none":
+        return None
+    from ragsuite.retrieval.spec import build_retriever
+
+    return build_retriever(spec, dataset=args.dataset, data_dir=args.data_dir, cache_dir=args.cache_dir)
+
+
+def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """The main LM, the per-stage LMs, and their public descriptions for the manifest."""
+    from ragsuite.lm import build_lm, check_endpoint, parse_lm_spec, parse_stage_lms
+
+    options = {
+        "temperature": args.temperature,
+        "max_tokens": args.max_tokens,
+        "timeout": args.timeout,
+        "retries": args.retries,
+        "cache": not args.no_cache,
+        "seed": args.seed,
+    }
+    checked: set[str] = set()
+
+    def make(spec: str, api_base: str | None) -> tuple[Any, dict[str, Any]]:
+        parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=args.api_key_env)
+        lm = build_lm(spec, api_base=api_base, api_key_env=args.api_key_env, **options)
+        key = f"{parsed.model}@{parsed.api_base}"
+        if key not in checked:  # fail before the run starts, not once per example
+            check_endpoint(parsed, timeout=min(args.timeout, 10.0))
+            checked.add(key)
+        return lm, {"spec": spec, **parsed.public()}
+
+    main_lm, main_public = make(args.lm, args.api_base)
+    stage_lms: dict[str, Any] = {}
+    stage_public: dict[str, Any] = {}
+    for stage, spec in parse_stage_lms(args.stage_lm).items():
+        # A stage LM given as a bare name on the main server reuses --api-base.
+        stage_lms[stage], stage_public[stage] = make(
+            spec, args.api_base if spec.startswith("openai/") else None
+        )
+    public = {
+        **main_public,
+        "temperature": args.temperature,
+        "max_tokens": args.max_tokens,
+        "seed": args.seed,
+    }
+    return main_lm, stage_lms, {"lm": public, "stage_lms": stage_public}
+
+
+def run(args: argparse.Namespace) -> int:
+    import dspy
+
+    from ragsuite import __version__
+    from ragsuite.data.datasets import get_dataset_info, load_dataset
+    from ragsuite.evaluate import evaluate, example_id, examples_fingerprint, git_revision, package_versions
+    from ragsuite.lm import set_stage_lms
+
+    if args.threads < 1:
+        raise ConfigError("--threads must be >= 1")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError("--limit must be >= 1")
+    info = get_dataset_info(args.dataset)
+    examples = load_dataset(args.dataset, split=args.split, data_dir=args.data_dir)
+    if args.limit is not None:
+        examples = examples[: args.limit]
+    main_lm, stage_lms, lm_public = build_lms(args)
+    program, retriever_description = build_program(args, info.task)
+    if stage_lms:
+        set_stage_lms(program, stage_lms)
+    ids = [example_id(ex, i) for i, ex in enumerate(examples)]
+    manifest = {
+        "program": program.name,
+        "program_file": str(args.program_file) if args.program_file else None,
+        "program_file_sha256": _sha256(args.program_file) if args.program_file else None,
+        "knobs": program.knobs(),
+        **lm_public,
+        "dataset": args.dataset,
+        "split": args.split,
+        "seed": args.seed,
+        "limit": args.limit,
+        "retriever": retriever_description,
+        "examples_sha256": examples_fingerprint(ids),
+        "n_examples": len(ids),
+        "versions": package_versions(),
+        "ragsuite_version": __version__,
+        "git": git_revision(),
+    }
+    with dspy.context(lm=main_lm):
+        result = evaluate(
+            program,
+            examples,
+            dataset=args.dataset,
+            threads=args.threads,
+            out_dir=args.out,
+            progress=not args.no_progress,
+            max_errors=args.max_errors,
+            manifest=manifest,
+        )
+    from ragsuite.evaluate import format_table
+
+    print(format_table([result.summary]))
+    print(f"\nrecords: {args.out / 'records.jsonl'}  summary: {args.out / 'summary.json'}")
+    if result.stopped:
+        print(f"stopped early: {result.stopped}", file=sys.stderr)
+        return 1
+    if result.errors:
+        print(
+            f"{result.errors} example(s) failed and were recorded; rerun the same command to retry them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,9 +1,62 @@
-"""Placeholder until the command is implemented."""
+"""``ragsuite report DIR [DIR ...]``: one comparison table over several ``ragsuite eval`` runs."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ragsuite.errors import DataError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    parser = subparsers.add_parser(
+        "report",
+        help="compare several eval runs in one table",
+        description="Print one table (Markdown) over the run directories written by `ragsuite eval`.",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, metavar="DIR", help="run directories")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    parser.set_defaults(func=run)
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    """A run's summary row (recomputed from ``records.jsonl`` when ``summary.json`` is missing)."""
+    from ragsuite.evaluate import MANIFEST, RECORDS, SUMMARY, summarize
+
+    manifest_path = run_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise DataError(f"{run_dir} is not an eval run directory (no {MANIFEST})")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        if (run_dir / SUMMARY).is_file():
+            row = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8"))
+        else:
+            lines = (
+                (run_dir / RECORDS).read_text(encoding="utf-8").splitlines()
+                if (run_dir / RECORDS).is_file()
+                else []
+            )
+            records = [json.loads(line) for line in lines if line.strip()]
+            row = summarize(records, dataset=manifest["dataset"], total=manifest.get("n_examples"))
+    except ValueError as exc:
+        raise DataError(f"{run_dir}: unreadable run files ({exc})") from None
+    row["program"] = manifest.get("program", row.get("program", ""))
+    row["lm"] = (manifest.get("lm") or {}).get("spec", row.get("lm", ""))
+    knobs = manifest.get("knobs") or {}
+    if knobs:
+        row["program"] += " (" + ", ".join(f"{k}={v}" for k, v in knobs.items()) + ")"
+    row["dir"] = str(run_dir)
+    return row
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragsuite.evaluate import format_table
+
+    rows = [load_run(run_dir) for run_dir in args.runs]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_table(rows))
+    return 0

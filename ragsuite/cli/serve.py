@@ -1,9 +1,165 @@
-"""Placeholder until the command is implemented."""
+"""``ragsuite serve``: start a vLLM OpenAI-compatible server, wait until it answers, print the flags to use.
+
+vLLM is an external executable (``pip install 'ragsuite[vllm]'`` on a GPU host, or any environment with a
+``vllm`` command); ragsuite only launches and supervises it.
+
+Example:
+    ragsuite serve --model meta-llama/Llama-3.1-8B-Instruct --port 8000 --tensor-parallel-size 2 \\
+        -- --max-model-len 8192
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from ragsuite.errors import ConfigError, MissingExtraError, RagsuiteError
+
+log = logging.getLogger("ragsuite.cli.serve")
+
+
+class ServerStartError(RagsuiteError, RuntimeError):
+    """The LM server exited or did not become ready in time."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    parser = subparsers.add_parser(
+        "serve",
+        help="start a vLLM server for an open model",
+        description="Launch `vllm serve MODEL`, wait until /v1/models answers, print the --lm/--api-base "
+        "to use, and stop the server on Ctrl-C. Arguments after `--` go to vllm unchanged.",
+    )
+    parser.add_argument("--model", required=True, help="model name or path for vllm serve")
+    parser.add_argument("--served-model-name", help="name clients use (vllm's default: the --model value)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--tensor-parallel-size", type=int, help="GPUs to shard the model over")
+    parser.add_argument("--vllm", metavar="PATH", help="the vllm executable (default: `vllm` on PATH)")
+    parser.add_argument(
+        "--startup-timeout", type=float, default=1200.0, help="seconds to wait for the server (default 1200)"
+    )
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra vllm arguments, after --")
+    parser.set_defaults(func=run)
+
+
+def find_vllm(explicit: str | None) -> str:
+    """The vllm executable: ``explicit`` or ``vllm`` on PATH.
+
+    Raises:
+        MissingExtraError: when there is none.
+    """
+    if explicit:
+        path = shutil.which(explicit) or (explicit if os.path.isfile(explicit) else None)
+        if path is None or not os.access(path, os.X_OK):
+            raise ConfigError(f"--vllm {explicit} is not an executable file")
+        return path
+    found = shutil.which("vllm")
+    if found is None:
+        raise MissingExtraError(
+            "vllm",
+            "vllm",
+            "`ragsuite serve` (no `vllm` executable on PATH; vLLM needs a CUDA GPU host; "
+            "or pass --vllm PATH)",
+        )
+    return found
+
+
+def vllm_command(args: argparse.Namespace, executable: str) -> list[str]:
+    command = [executable, "serve", args.model, "--host", args.host, "--port", str(args.port)]
+    if args.served_model_name:
+        command += ["--served-model-name", args.served_model_name]
+    if args.tensor_parallel_size:
+        command += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    extra = list(args.vllm_args or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    return command + extra
+
+
+def wait_until_ready(
+    process: subprocess.Popen[Any], url: str, *, timeout: float, interval: float = 0.5
+) -> list[str]:
+    """Poll ``url`` (``/v1/models``) until it answers 200; return the served model ids.
+
+    Raises:
+        ServerStartError: the process exited first, or ``timeout`` passed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        code = process.poll()
+        if code is not None:
+            raise ServerStartError(f"vllm exited with code {code} before serving; see its output above")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                if reply.status == 200:
+                    payload = json.loads(reply.read() or b"{}")
+                    return [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)]
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):  # started with --api-key: up, but the listing needs the key
+                return []
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise ServerStartError(f"vllm did not answer {url} within {timeout:.0f} s")
+        time.sleep(interval)
+
+
+def stop(process: subprocess.Popen[Any], *, grace: float = 20.0) -> int:
+    """Stop the server's whole process group: SIGINT, then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            break
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return process.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be in 1..65535, not {args.port}")
+    executable = find_vllm(args.vllm)
+    command = vllm_command(args, executable)
+    log.info("starting %s", " ".join(command))
+    # Its own session/process group: Ctrl-C reaches us only, and we stop the server and its workers together.
+    process = subprocess.Popen(command, start_new_session=True)
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    api_base = f"http://{host}:{args.port}/v1"
+    try:
+        served = wait_until_ready(process, f"{api_base}/models", timeout=args.startup_timeout)
+        name = args.served_model_name or (served[0] if served else args.model)
+        print(f"vLLM is serving {name} at {api_base} (Ctrl-C stops it)", flush=True)
+        print(f"use: --lm openai/{name} --api-base {api_base}", flush=True)
+        print(f" or: --lm vllm:{name}@{api_base}", flush=True)
+        code = process.wait()
+        print(f"vllm exited with code {code}", file=sys.stderr)
+        return code or 1
+    except KeyboardInterrupt:
+        print("stopping vllm ...", file=sys.stderr, flush=True)
+        stop(process)
+        return 0
+    except BaseException:
+        stop(process, grace=5.0)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,699 @@
+"""Evaluate a program on a dataset: examples run concurrently, each record is persisted the moment it is
+finished, and a run directory can be resumed after a crash or a kill.
+
+A run directory holds:
+    manifest.json   what was run (program, knobs, LM spec without secrets, dataset, split, versions, ...)
+    records.jsonl   one JSON record per finished example, appended, flushed and fsynced
+    summary.json    means of every metric and of the cost ledger (LM calls, tokens, retrievals)
+    table.md        the paper-style table of summary.json
+
+Scores are means over the examples that finished without error; examples whose LM or retriever still
+failed after retries are recorded with the error, counted in ``errors`` and retried on the next run.
+
+Example:
+    >>> from ragsuite.evaluate import evaluate
+    >>> examples = load_dataset("hotpotqa")[:50]
+    >>> result = evaluate(program, examples, dataset="hotpotqa", threads=8, out_dir="runs/x")
+    >>> result.metrics["accuracy"], result.cost["lm_calls"]
+    (0.42, 1.0)
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dspy
+from dspy.utils.callback import BaseCallback
+from dspy.utils.usage_tracker import UsageTracker
+
+from ragsuite.data.datasets import get_dataset_info
+from ragsuite.errors import ConfigError, DataError, RagsuiteError
+from ragsuite.lm import LMEndpointError, explain_lm_error, redact
+
+log = logging.getLogger("ragsuite.evaluate")
+
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+SUMMARY = "summary.json"
+TABLE = "table.md"
+#: Manifest keys that define a run: resuming with any of them changed is refused.
+CONFIG_KEYS = (
+    "program",
+    "program_file_sha256",
+    "knobs",
+    "lm",
+    "stage_lms",
+    "dataset",
+    "split",
+    "seed",
+    "limit",
+    "retriever",
+    "examples_sha256",
+)
+_NOT_CONFIG = ("api_base", "key_env")
+COST_KEYS = ("lm_calls", "lm_requests", "cache_hits", "input_tokens", "output_tokens", "retrievals", "steps")
+METRIC_LABELS = {
+    "accuracy": "Acc",
+    "f1": "F1",
+    "exact_match": "EM",
+    "yes_no_accuracy": "Acc",
+    "str_em": "STR-EM",
+    "str_hit": "STR-Hit",
+}
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate` returns.
+
+    Attributes:
+        metrics: Mean of each dataset metric over the scored examples, in [0, 1].
+        cost: Per-question means of lm_calls (stage calls), lm_requests (calls that reached the provider),
+            cache_hits, input_tokens, output_tokens, retrievals, steps and latency_s.
+        n: Examples scored (finished without error).
+        errors: Examples that failed (recorded with their error, not counted as wrong).
+        records: One record per finished example, in dataset order.
+        total: Examples asked for.
+        stopped: Why the run stopped early (``max_errors``, ``on_record``, a fatal LM error), or None.
+        summary: The summary dict also written to ``summary.json``.
+    """
+
+    metrics: dict[str, float]
+    cost: dict[str, float]
+    n: int
+    errors: int
+    records: list[dict[str, Any]]
+    total: int = 0
+    stopped: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- per-example accounting
+class _CallCounter(BaseCallback):
+    """Counts every LM call made in one example's context, cached or not."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
+        with self._lock:
+            self.calls += 1
+
+
+class _Usage(UsageTracker):
+    """DSPy's usage tracker, also counting the calls that reached the provider (cache hits add nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = 0
+        self._lock = threading.Lock()
+
+    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.requests += 1
+            super().add_usage(lm, usage_entry)
+
+    def tokens(self) -> tuple[int, int, dict[str, dict[str, Any]]]:
+        with self._lock:
+            by_lm = self.get_total_tokens()
+        prompt = sum(int(u.get("prompt_tokens") or 0) for u in by_lm.values())
+        completion = sum(int(u.get("completion_tokens") or 0) for u in by_lm.values())
+        return prompt, completion, by_lm
+
+
+class _Fatal(Exception):
+    """An LM error that makes every further call pointless (bad key, unknown model, server gone)."""
+
+
+def example_id(example: Any, index: int) -> str:
+    value = example.get("id") if hasattr(example, "get") else getattr(example, "id", None)
+    return str(value) if value not in (None, "") else f"#{index}"
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if hasattr(value, "toDict"):
+        return value.toDict()
+    return str(value)
+
+
+def _run_example(
+    program: Callable[..., Any], example: Any, ex_id: str, dataset: str, model_hint: str | None
+) -> dict[str, Any]:
+    from ragsuite.data.metrics import retrieval_recall, score_example
+
+    counter = _CallCounter()
+    usage = _Usage()
+    callbacks = [*dspy.settings.get("callbacks", []), counter]
+    started = time.perf_counter()
+    prediction = None
+    error = None
+    with dspy.context(track_usage=True, usage_tracker=usage, callbacks=callbacks):
+        try:
+            prediction = program(question=example.question)
+        except RagsuiteError as exc:  # retrieval failures, refused questions: this example only
+            error = {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
+        except Exception as exc:
+            fatal = explain_lm_error(exc, model=model_hint)
+            if fatal is not None:
+                raise _Fatal(fatal) from exc
+            error = {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
+    latency = time.perf_counter() - started
+    prompt_tokens, completion_tokens, by_lm = usage.tokens()
+    record: dict[str, Any] = {
+        "id": ex_id,
+        "question": example.question,
+        "answers": list(example.get("answers") or []),
+        "error": error,
+        "latency_s": round(latency, 4),
+        "tokens": {
+            "input": prompt_tokens,
+            "output": completion_tokens,
+            "lm_invocations": counter.calls,
+            "requests": usage.requests,
+            "cache_hits": max(counter.calls - usage.requests, 0),
+            "by_lm": by_lm,
+        },
+    }
+    if prediction is None:
+        return record
+    answer = str(prediction.get("answer") or "")
+    passages = list(prediction.get("passages") or [])
+    passage_ids = [str(getattr(p, "id", p)) for p in passages]
+    gold = list(example.get("gold_passage_ids") or [])
+    record.update(
+        prediction=answer,
+        metrics=score_example(dataset, example, answer),
+        retrieval_recall=retrieval_recall(passage_ids, gold, len(passage_ids)) if gold else None,
+        passage_ids=passage_ids,
+        gold_passage_ids=gold,
+        stats=dict(prediction.get("stats") or {}),
+        trace=list(prediction.get("trace") or []),
+    )
+    return record
+
+
+# ---------------------------------------------------------------------------- the run directory
+class RunStore:
+    """A run directory: manifest check, crash-tolerant record log, summary.
+
+    Args:
+        out_dir: The directory (created if missing).
+    """
+
+    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(out_dir).expanduser()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._handle: Any = None
+
+    @property
+    def records_path(self) -> Path:
+        return self.dir / RECORDS
+
+    def check_manifest(self, manifest: Mapping[str, Any]) -> None:
+        """Write ``manifest`` for a new run; for an existing one, refuse a different configuration.
+
+        Raises:
+            ConfigError: naming every configuration key whose value differs.
+        """
+        path = self.dir / MANIFEST
+        clean = json.loads(redact(json.dumps(manifest, default=_jsonable, sort_keys=True)))
+        if path.exists():
+            try:
+                old = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise DataError(f"{path} is not valid JSON ({exc}); use another --out") from None
+            diffs = config_diff(old, clean)
+            if diffs:
+                raise ConfigError(
+                    f"{self.dir} holds a run with another configuration; refusing to mix results. "
+                    f"Differences (saved -> now): {'; '.join(diffs)}. "
+                    "Rerun with the saved settings to resume, or choose a new --out directory."
+                )
+            versions_then, versions_now = old.get("versions", {}), clean.get("versions", {})
+            if versions_then != versions_now:
+                log.warning(
+                    "resuming a run made with other package versions: %s -> %s", versions_then, versions_now
+                )
+            return
+        _atomic_write(path, json.dumps(clean, indent=2, sort_keys=True) + "\n")
+
+    def load_records(self) -> dict[str, dict[str, Any]]:
+        """Finished records by id. A truncated last line (a kill mid-write) is cut off so its example reruns;
+        a corrupt line anywhere else is an error. Failed records are dropped (rewritten atomically) so that
+        their examples run again and every id appears once in the file."""
+        path = self.records_path
+        if not path.exists():
+            return {}
+        data = path.read_bytes()
+        # Each record is written as one line ending in "\n", so a kill mid-write leaves a tail without one.
+        *complete, tail = data.split(b"\n")
+        records: dict[str, dict[str, Any]] = {}
+        dropped_errors = False
+        for lineno, line in enumerate(complete, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise DataError(f"{path}: line {lineno} is corrupt; fix or remove it") from None
+            if record.get("error"):
+                dropped_errors = True
+                records.pop(str(record["id"]), None)
+                continue
+            records[str(record["id"])] = record
+        if tail:
+            log.warning("%s: dropping a truncated last record (the run was interrupted)", path)
+        if dropped_errors:
+            self._rewrite(records.values())
+        elif tail:
+            with path.open("r+b") as handle:
+                handle.truncate(len(data) - len(tail))
+                handle.flush()
+                os.fsync(handle.fileno())
+        return records
+
+    def _rewrite(self, records: Iterable[dict[str, Any]]) -> None:
+        text = "".join(self._line(r) for r in records)
+        _atomic_write(self.records_path, text)
+
+    @staticmethod
+    def _line(record: Mapping[str, Any]) -> str:
+        # Redaction runs on the final text, so no field can carry a key into the file.
+        return redact(json.dumps(record, ensure_ascii=False, default=_jsonable)) + "\n"
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one record and make it durable before returning."""
+        line = self._line(record).encode("utf-8")
+        with self._lock:
+            if self._handle is None:
+                self._handle = self.records_path.open("ab")
+            self._handle.write(line)
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                self._handle.close()
+                self._handle = None
+
+    def write_summary(self, summary: Mapping[str, Any], table: str) -> None:
+        _atomic_write(self.dir / SUMMARY, redact(json.dumps(summary, indent=2, default=_jsonable)) + "\n")
+        _atomic_write(self.dir / TABLE, table + "\n")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def config_diff(
+    saved: Mapping[str, Any], now: Mapping[str, Any], keys: Sequence[str] = CONFIG_KEYS
+) -> list[str]:
+    """Human-readable differences between two manifests on the configuration keys.
+
+    Where an LM is served (``api_base``) and which variable holds its key are not configuration: the same
+    model may be served from another address when a run is resumed."""
+    diffs: list[str] = []
+
+    def walk(prefix: str, a: Any, b: Any) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if key in _NOT_CONFIG and prefix.split(".")[0] in ("lm", "stage_lms"):
+                    continue
+                walk(f"{prefix}.{key}", a.get(key), b.get(key))
+        elif a != b:
+            diffs.append(f"{prefix}: {json.dumps(a)} -> {json.dumps(b)}")
+
+    for key in keys:
+        walk(key, saved.get(key), now.get(key))
+    return diffs
+
+
+def examples_fingerprint(ids: Sequence[str]) -> str:
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------- summaries and tables
+def summarize(
+    records: Sequence[Mapping[str, Any]], *, dataset: str, total: int | None = None
+) -> dict[str, Any]:
+    """Means of every metric over the scored records and of the cost ledger per question."""
+    info = get_dataset_info(dataset)
+    scored = [r for r in records if not r.get("error")]
+    errors = len(records) - len(scored)
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    metrics = {m: mean([float(r["metrics"].get(m, 0.0)) for r in scored]) for m in info.metrics}
+    recalls = [float(r["retrieval_recall"]) for r in scored if r.get("retrieval_recall") is not None]
+    cost = {
+        "lm_calls": mean([float(r.get("stats", {}).get("lm_calls", 0)) for r in scored]),
+        "lm_requests": mean([float(r["tokens"]["requests"]) for r in scored]),
+        "cache_hits": mean([float(r["tokens"]["cache_hits"]) for r in scored]),
+        "input_tokens": mean([float(r["tokens"]["input"]) for r in scored]),
+        "output_tokens": mean([float(r["tokens"]["output"]) for r in scored]),
+        "retrievals": mean([float(r.get("stats", {}).get("retrievals", 0)) for r in scored]),
+        "steps": mean([float(r.get("stats", {}).get("steps", 0)) for r in scored]),
+        "latency_s": mean([float(r.get("latency_s", 0.0)) for r in scored]),
+    }
+    return {
+        "dataset": dataset,
+        "metrics": metrics,
+        "primary_metric": info.primary_metric,
+        "retrieval_recall": mean(recalls) if recalls else None,
+        "cost": cost,
+        "n": len(scored),
+        "errors": errors,
+        "total": total if total is not None else len(records),
+        "complete": total is not None and len(scored) == total,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}"
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A Markdown table, one row per run: paper metrics as percentages (one decimal), then cost per question.
+
+    Each row is a summary (see :func:`summarize`) plus optional ``program`` and ``lm`` labels.
+    """
+    metric_cols: list[tuple[str, str]] = []
+    for row in rows:
+        for metric in get_dataset_info(row["dataset"]).metrics:
+            label = METRIC_LABELS.get(metric, metric)
+            if (metric, label) not in metric_cols:
+                metric_cols.append((metric, label))
+    labels = [label for _, label in metric_cols]
+    if len(set(labels)) != len(labels):  # several datasets: say which metric is which
+        labels = [
+            f"{label} ({metric})" if labels.count(label) > 1 else label for metric, label in metric_cols
+        ]
+    header = [
+        "program",
+        "dataset",
+        "LM",
+        "n",
+        "errors",
+        *labels,
+        "R-recall",
+        "LM calls/q",
+        "tokens/q",
+        "retr./q",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for row in rows:
+        metrics = row.get("metrics", {})
+        cost = row.get("cost", {})
+        cells = [
+            str(row.get("program", "")),
+            str(row["dataset"]),
+            str(row.get("lm", "")),
+            str(row.get("n", 0)) + ("" if row.get("complete", True) else f"/{row.get('total', '?')}"),
+            str(row.get("errors", 0)),
+            *[_pct(metrics.get(metric)) for metric, _ in metric_cols],
+            _pct(row.get("retrieval_recall")),
+            f"{cost.get('lm_calls', 0.0):.2f}",
+            f"{cost.get('input_tokens', 0.0) + cost.get('output_tokens', 0.0):.0f}",
+            f"{cost.get('retrievals', 0.0):.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the runner
+def evaluate(
+    program: Callable[..., Any],
+    examples: Sequence[Any],
+    *,
+    dataset: str,
+    threads: int = 8,
+    out_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    max_errors: int | None = None,
+    manifest: Mapping[str, Any] | None = None,
+) -> EvalResult:
+    """Run ``program(question=...)`` on every example, concurrently, scoring each with the dataset's metrics.
+
+    Args:
+        program: A ragsuite program (or any module returning ``dspy.Prediction(answer=..., ...)``).
+        examples: ``dspy.Example`` objects with ``question``, labels and ``id``.
+        dataset: Dataset name (chooses the metrics).
+        threads: Examples run at once (each in a copy of the caller's DSPy context).
+        out_dir: Run directory to persist to and resume from (see the module docstring); None keeps
+            everything in memory.
+        progress: Show a progress bar with the running score, LM calls and tokens.
+        on_record: Called in the caller's thread with each new record (``record["metrics"]`` holds the
+            scores). An exception it raises (e.g. ``optuna.TrialPruned``) stops the run, after the examples
+            in flight are persisted, and propagates.
+        max_errors: Stop cleanly once this many examples have failed (the summary is still written).
+        manifest: The run's description, saved as ``manifest.json``; resuming with a different
+            configuration is refused. Defaults to program name, knobs, dataset and example ids.
+
+    Returns:
+        :class:`EvalResult`.
+
+    Raises:
+        ConfigError: bad arguments, or ``out_dir`` holding a run with another configuration.
+        LMEndpointError: an LM error that no retry can fix (bad key, unknown model, unreachable server).
+    """
+    if threads < 1:
+        raise ConfigError(f"threads must be >= 1, not {threads}")
+    if max_errors is not None and max_errors < 1:
+        raise ConfigError(f"max_errors must be >= 1, not {max_errors}")
+    get_dataset_info(dataset)
+    ids = [example_id(ex, i) for i, ex in enumerate(examples)]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise DataError(f"example id {dup!r} appears more than once")
+
+    store = RunStore(out_dir) if out_dir is not None else None
+    done: dict[str, dict[str, Any]] = {}
+    if store is not None:
+        store.check_manifest(manifest if manifest is not None else default_manifest(program, dataset, ids))
+        wanted = set(ids)
+        done = {i: r for i, r in store.load_records().items() if i in wanted}
+        if done:
+            log.info("resuming %s: %d of %d examples already done", store.dir, len(done), len(ids))
+    todo = [(ex, i) for ex, i in zip(examples, ids, strict=True) if i not in done]
+    model_hint = getattr(dspy.settings.get("lm"), "model", None)
+
+    new: dict[str, dict[str, Any]] = {}
+    errors = 0
+    stopped: str | None = None
+    deferred: BaseException | None = None
+    bar = _Progress(len(ids), initial=len(done), dataset=dataset, enabled=progress)
+    for record in done.values():
+        bar.add(record, count=False)
+
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ragsuite-eval")
+    pending: set[Future[dict[str, Any]]] = set()
+    queue = iter(todo)
+
+    def submit_next() -> bool:
+        item = next(queue, None)
+        if item is None:
+            return False
+        ctx = contextvars.copy_context()
+        pending.add(pool.submit(ctx.run, _run_example, program, item[0], item[1], dataset, model_hint))
+        return True
+
+    try:
+        for _ in range(threads):
+            if not submit_next():
+                break
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                pending.discard(future)
+                try:
+                    record = future.result()
+                except _Fatal as exc:
+                    if deferred is None:
+                        stopped, deferred = str(exc), LMEndpointError(str(exc))
+                    continue
+                if store is not None:
+                    store.append(record)
+                new[record["id"]] = record
+                bar.add(record)
+                if record["error"]:
+                    errors += 1
+                    log.warning("example %s failed: %s", record["id"], record["error"]["message"][:300])
+                    if max_errors is not None and errors >= max_errors and stopped is None:
+                        stopped = f"max_errors={max_errors} reached"
+                if on_record is not None and deferred is None:
+                    try:
+                        on_record(record)
+                    except BaseException as exc:  # e.g. optuna.TrialPruned: stop, persist, then re-raise
+                        stopped, deferred = f"on_record raised {type(exc).__name__}", exc
+            while stopped is None and len(pending) < threads and submit_next():
+                pass
+    except BaseException:
+        # Ctrl-C or a bug: the examples in flight are lost, everything finished is on disk.
+        pool.shutdown(wait=False, cancel_futures=True)
+        bar.close()
+        if store is not None:
+            store.close()
+        raise
+    pool.shutdown(wait=True)
+    bar.close()
+
+    by_id = {**done, **new}
+    records = [by_id[i] for i in ids if i in by_id]
+    summary = summarize(records, dataset=dataset, total=len(ids))
+    summary["stopped"] = stopped
+    if manifest is not None:
+        summary["program"] = manifest.get("program")
+        summary["lm"] = (manifest.get("lm") or {}).get("spec")
+    else:
+        summary["program"] = getattr(program, "name", type(program).__name__)
+    if store is not None:
+        store.close()
+        store.write_summary(summary, format_table([summary]))
+    if stopped:
+        log.warning("run stopped early: %s", stopped)
+    result = EvalResult(
+        metrics=summary["metrics"],
+        cost=summary["cost"],
+        n=summary["n"],
+        errors=summary["errors"],
+        records=records,
+        total=len(ids),
+        stopped=stopped,
+        summary=summary,
+    )
+    if deferred is not None:
+        raise deferred
+    return result
+
+
+def default_manifest(program: Any, dataset: str, ids: Sequence[str]) -> dict[str, Any]:
+    knobs = program.knobs() if hasattr(program, "knobs") else {}
+    return {
+        "program": getattr(program, "name", type(program).__name__),
+        "knobs": knobs,
+        "dataset": dataset,
+        "examples_sha256": examples_fingerprint(ids),
+        "n_examples": len(ids),
+        "versions": package_versions(),
+    }
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of Python and the packages that change results."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for name in ("ragsuite", "dspy", "litellm", "openai", "optuna", "bm25s"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_revision() -> dict[str, Any] | None:
+    """The ragsuite checkout's commit and whether it has uncommitted changes, when it is a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": rev, "dirty": bool(dirty)}
+
+
+class _Progress:
+    """A tqdm bar on stderr whose postfix shows the running primary score, errors, LM calls and tokens."""
+
+    def __init__(self, total: int, *, initial: int, dataset: str, enabled: bool) -> None:
+        self.metric = get_dataset_info(dataset).primary_metric
+        self.scored = 0
+        self.errors = 0
+        self.score = 0.0
+        self.calls = 0
+        self.tokens = 0
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="eval", unit="q", dynamic_ncols=True)
+
+    def add(self, record: Mapping[str, Any], *, count: bool = True) -> None:
+        if record.get("error"):
+            self.errors += 1
+        else:
+            self.scored += 1
+            self.score += float(record["metrics"].get(self.metric, 0.0))
+        tokens = record.get("tokens", {})
+        self.calls += int(tokens.get("lm_invocations", 0))
+        self.tokens += int(tokens.get("input", 0)) + int(tokens.get("output", 0))
+        if self.bar is not None:
+            if count:
+                self.bar.update(1)
+            done = max(self.scored + self.errors, 1)
+            self.bar.set_postfix_str(
+                f"{self.metric}={100 * self.score / max(self.scored, 1):.1f}% err={self.errors} "
+                f"calls/q={self.calls / done:.1f} tok/q={self.tokens / done:.0f}",
+                refresh=False,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+__all__ = [
+    "EvalResult",
+    "RunStore",
+    "config_diff",
+    "default_manifest",
+    "evaluate",
+    "format_table",
+    "git_revision",
+    "package_versions",
+    "summarize",
+]

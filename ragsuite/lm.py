@@ -1,0 +1,380 @@
+"""Language models for ragsuite programs: ``dspy.LM`` built from a short spec, per-stage LMs, and redaction
+of secrets from anything that is written or logged.
+
+LM specs:
+    openai/MODEL                 OpenAI (key from ``$OPENAI_API_KEY``), e.g. ``openai/gpt-4o-mini``
+    openai/NAME + api_base       any OpenAI-compatible server (vLLM, ``ragsuite serve``) serving NAME
+    vllm:NAME[@URL]              shorthand for a vLLM server; URL defaults to http://127.0.0.1:8000/v1
+    PROVIDER/MODEL               any other provider ``dspy.LM`` supports, with its usual environment key
+
+Keys are read from the environment only. An OpenAI-compatible server given by ``api_base`` gets the key in
+``api_key_env`` (default ``$VLLM_API_KEY``, the variable ``vllm serve`` itself reads) or, when that is unset,
+a placeholder, since a local server started without ``--api-key`` accepts anything. The OpenAI key is never
+sent to a custom ``api_base``.
+
+Example:
+    >>> lm = build_lm("vllm:meta-llama/Llama-3.1-8B-Instruct@http://gpu-host:8000/v1")
+    >>> lm.model
+    'openai/meta-llama/Llama-3.1-8B-Instruct'
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ragsuite.errors import ConfigError, RagsuiteError
+
+if TYPE_CHECKING:
+    import dspy
+
+log = logging.getLogger("ragsuite.lm")
+
+DEFAULT_VLLM_BASE = "http://127.0.0.1:8000/v1"
+DEFAULT_VLLM_KEY_ENV = "VLLM_API_KEY"
+#: Sent to keyless local servers: the OpenAI client insists on some key.
+PLACEHOLDER_KEY = "EMPTY"
+SPEC_HELP = "openai/MODEL | openai/NAME with --api-base URL | vllm:NAME[@URL] | PROVIDER/MODEL"
+
+# Environment variables whose values are secrets (redacted wherever they appear).
+_SECRET_NAME = re.compile(r"(API_KEY|APIKEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
+# Secret-shaped strings even when they are not in the environment of this process.
+_SECRET_PATTERNS = (
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}"),
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*"),
+    re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]{6,}"),
+)
+REDACTED = "***"
+
+
+class LMEndpointError(RagsuiteError, RuntimeError):
+    """An LM endpoint cannot be used: unreachable, refusing the key, or not serving the model."""
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    """A parsed LM spec: the ``dspy.LM`` model string, the endpoint and where its key comes from.
+
+    Attributes:
+        model: The ``dspy.LM`` model string (``openai/NAME`` for OpenAI-compatible servers).
+        api_base: The server's ``/v1`` URL, or None for the provider's own endpoint.
+        api_key_env: The environment variable holding the key, or None when a placeholder is used.
+    """
+
+    model: str
+    api_base: str | None
+    api_key_env: str | None
+
+    def public(self) -> dict[str, Any]:
+        """The spec as saved in manifests: model and endpoint (credentials stripped), never a key."""
+        return {
+            "model": self.model,
+            "api_base": strip_credentials(self.api_base),
+            "key_env": self.api_key_env,
+        }
+
+
+def parse_lm_spec(spec: str, *, api_base: str | None = None, api_key_env: str | None = None) -> LMSpec:
+    """Resolve a spec (see the module docstring) and an optional ``api_base`` into an :class:`LMSpec`.
+
+    Raises:
+        ConfigError: for a malformed spec.
+    """
+    spec = (spec or "").strip()
+    if not spec:
+        raise ConfigError(f"empty LM spec; expected {SPEC_HELP}")
+    if spec.startswith("vllm:"):
+        rest = spec[len("vllm:") :]
+        name, url = rest, None
+        match = re.search(r"@(https?://\S+)$", rest)
+        if match:
+            name, url = rest[: match.start()], match.group(1)
+        if not name:
+            raise ConfigError(f"LM spec {spec!r} names no model; expected vllm:SERVED_NAME[@URL]")
+        if url and api_base and url.rstrip("/") != api_base.rstrip("/"):
+            raise ConfigError(f"LM spec {spec!r} and --api-base {api_base} name different servers")
+        base = (url or api_base or DEFAULT_VLLM_BASE).rstrip("/")
+        return LMSpec(f"openai/{name}", _check_url(base), _key_env_for_server(api_key_env))
+    provider, slash, name = spec.partition("/")
+    if not slash or not provider or not name:
+        raise ConfigError(f"LM spec {spec!r} is not PROVIDER/MODEL; expected {SPEC_HELP}")
+    if api_base:
+        return LMSpec(spec, _check_url(api_base.rstrip("/")), _key_env_for_server(api_key_env))
+    key_env = api_key_env or (f"{provider.upper()}_API_KEY" if provider == "openai" else None)
+    return LMSpec(spec, None, key_env)
+
+
+def _check_url(url: str) -> str:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(f"API base {url!r} is not an http(s) URL such as http://127.0.0.1:8000/v1")
+    return url
+
+
+def _key_env_for_server(api_key_env: str | None) -> str | None:
+    if api_key_env:
+        return api_key_env
+    return DEFAULT_VLLM_KEY_ENV if os.environ.get(DEFAULT_VLLM_KEY_ENV) else None
+
+
+def strip_credentials(url: str | None) -> str | None:
+    """``url`` without ``user:password@`` and query string (which may carry tokens)."""
+    if not url:
+        return url
+    parsed = urllib.parse.urlparse(url)
+    netloc = parsed.hostname or ""
+    if parsed.port:
+        netloc += f":{parsed.port}"
+    return urllib.parse.urlunparse(parsed._replace(netloc=netloc, query="", fragment=""))
+
+
+def resolve_key(spec: LMSpec) -> str | None:
+    """The key for ``spec`` from the environment (placeholder for keyless servers).
+
+    Raises:
+        ConfigError: when the key's variable is required and unset.
+    """
+    if spec.api_key_env is None:
+        return PLACEHOLDER_KEY if spec.api_base else None
+    value = os.environ.get(spec.api_key_env)
+    if not value:
+        where = f"the server at {strip_credentials(spec.api_base)}" if spec.api_base else spec.model
+        raise ConfigError(
+            f"{spec.api_key_env} is not set: {where} needs an API key. Export it in the environment "
+            f"(export {spec.api_key_env}=...); keys are never read from flags or files."
+        )
+    return value
+
+
+def build_lm(
+    spec: str,
+    *,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+    temperature: float = 0.1,
+    max_tokens: int = 1024,
+    timeout: float = 120.0,
+    retries: int = 4,
+    cache: bool = True,
+    seed: int | None = None,
+    check: bool = False,
+) -> dspy.LM:
+    """Build a ``dspy.LM`` from a spec.
+
+    Transient failures (429 honouring ``Retry-After``, 5xx, timeouts, dropped connections) are retried by
+    ``dspy.LM`` itself with exponential backoff (1 s, 2 s, 4 s, ... capped at 60 s), ``retries`` times.
+
+    Args:
+        spec: See the module docstring.
+        api_base: An OpenAI-compatible server's ``/v1`` URL (vLLM, ``ragsuite serve``).
+        api_key_env: Environment variable holding the key (default: ``OPENAI_API_KEY`` for OpenAI,
+            ``VLLM_API_KEY`` if set for a server, else a placeholder).
+        temperature: Sampling temperature (0.1, as in the papers).
+        max_tokens: Completion budget per call.
+        timeout: Seconds to wait for a reply before the attempt fails (and is retried).
+        retries: Retries after the first attempt.
+        cache: Use DSPy's response cache.
+        seed: Sampling seed sent with each request (OpenAI and vLLM honour it).
+        check: Ask the server's ``/models`` now (see :func:`check_endpoint`).
+
+    Raises:
+        ConfigError: malformed spec or missing key.
+        LMEndpointError: with ``check=True``, when the server is unreachable or does not serve the model.
+
+    Example:
+        >>> lm = build_lm("openai/gpt-4o-mini")          # needs OPENAI_API_KEY
+        >>> lm = build_lm("openai/llama", api_base="http://127.0.0.1:8000/v1")
+    """
+    import dspy
+
+    if retries < 0:
+        raise ConfigError("retries must be >= 0")
+    if timeout <= 0:
+        raise ConfigError("timeout must be > 0 seconds")
+    parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env)
+    key = resolve_key(parsed)
+    kwargs: dict[str, Any] = {}
+    if parsed.api_base:
+        kwargs["api_base"] = parsed.api_base
+    if key is not None:
+        kwargs["api_key"] = key
+    if seed is not None:
+        kwargs["seed"] = seed
+    if check:
+        check_endpoint(parsed, timeout=min(timeout, 10.0))
+    return dspy.LM(
+        parsed.model,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        num_retries=retries,
+        cache=cache,
+        **kwargs,
+    )
+
+
+def check_endpoint(spec: LMSpec, *, timeout: float = 10.0) -> list[str]:
+    """Ask an OpenAI-compatible server which models it serves; fail clearly if it cannot be used.
+
+    Only servers given by ``api_base`` are checked (the provider's own endpoint is left alone).
+
+    Returns:
+        The served model ids (empty when nothing was checked).
+
+    Raises:
+        LMEndpointError: unreachable server, key refused, or the model not among those served.
+    """
+    if not spec.api_base:
+        return []
+    url = f"{spec.api_base}/models"
+    shown = strip_credentials(url)
+    key = resolve_key(spec)
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            import json
+
+            payload = json.loads(reply.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise LMEndpointError(
+                f"the LM server at {shown} refused the API key (HTTP {exc.code}); set the variable it "
+                f"expects ({spec.api_key_env or DEFAULT_VLLM_KEY_ENV}) or pass --api-key-env NAME"
+            ) from None
+        raise LMEndpointError(f"the LM server at {shown} answered HTTP {exc.code} to GET /models") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise LMEndpointError(
+            f"cannot reach the LM server at {shown} ({redact(str(reason))}). Is it running? Start one with "
+            "`ragsuite serve --model NAME` or check --api-base."
+        ) from None
+    served = [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)]
+    name = spec.model.partition("/")[2]
+    if served and name not in served:
+        raise LMEndpointError(
+            f"the LM server at {shown} does not serve model {name!r}; it serves: {', '.join(served)}. "
+            f"Use --lm openai/{served[0]} (or vllm:{served[0]})."
+        )
+    return served
+
+
+def explain_lm_error(exc: BaseException, *, model: str | None = None) -> str | None:
+    """A clear, redacted message for errors that make every further call pointless (bad key, unknown
+    model, unreachable server), or None for errors worth recording per example and moving on."""
+    from dspy.utils.exceptions import (
+        LMAuthError,
+        LMBillingError,
+        LMConfigurationError,
+        LMTransportError,
+        LMUnsupportedModelError,
+    )
+
+    text = redact(str(exc))
+    if isinstance(exc, LMAuthError):
+        return f"the LM provider refused the API key: {text}"
+    if isinstance(exc, LMBillingError):
+        return f"the LM provider refused the request for billing reasons: {text}"
+    if isinstance(exc, LMUnsupportedModelError) or getattr(exc, "status_code", None) == 404:
+        return f"unknown model{f' {model!r}' if model else ''}: {text}"
+    if isinstance(exc, LMConfigurationError):
+        return f"the LM is misconfigured: {text}"
+    if isinstance(exc, LMTransportError) and "failed to connect" in str(exc):
+        return f"cannot reach the LM endpoint: {text}. Is the server running (`ragsuite serve`)?"
+    return None
+
+
+def set_stage_lms(program: dspy.Module, stage_lms: Mapping[str, dspy.BaseLM]) -> dict[str, list[str]]:
+    """Give the predictors of some stages their own LM (e.g. a small model for ``route``/``filter``).
+
+    A predictor belongs to the stage named by the first dotted component of its name in
+    ``program.named_predictors()`` (``answer.predict`` -> ``answer``).
+
+    Returns:
+        Stage -> names of the predictors whose LM was set.
+
+    Raises:
+        ConfigError: a stage the program does not have (the message lists the ones it has).
+
+    Example:
+        >>> set_stage_lms(program, {"route": build_lm("vllm:small"), "answer": build_lm("openai/gpt-4o")})
+    """
+    by_stage: dict[str, list[tuple[str, Any]]] = {}
+    for name, predictor in program.named_predictors():
+        by_stage.setdefault(name.split(".", 1)[0], []).append((name, predictor))
+    unknown = sorted(set(stage_lms) - set(by_stage))
+    if unknown:
+        raise ConfigError(
+            f"{type(program).__name__} has no stage {', '.join(map(repr, unknown))}; "
+            f"its stages are: {', '.join(sorted(by_stage)) or '(none)'}"
+        )
+    done: dict[str, list[str]] = {}
+    for stage, lm in stage_lms.items():
+        for name, predictor in by_stage[stage]:
+            predictor.lm = lm
+            done.setdefault(stage, []).append(name)
+    return done
+
+
+def parse_stage_lms(items: list[str] | None) -> dict[str, str]:
+    """``["route=SPEC", ...]`` -> ``{"route": "SPEC"}``; a repeated stage or missing ``=`` is an error."""
+    result: dict[str, str] = {}
+    for item in items or []:
+        stage, eq, spec = item.partition("=")
+        stage, spec = stage.strip(), spec.strip()
+        if not eq or not stage or not spec:
+            raise ConfigError(f"--stage-lm expects STAGE=SPEC (e.g. route=vllm:small), not {item!r}")
+        if stage in result:
+            raise ConfigError(f"--stage-lm gives stage {stage!r} twice")
+        result[stage] = spec
+    return result
+
+
+def _secret_values() -> list[str]:
+    values = {
+        value
+        for name, value in os.environ.items()
+        if _SECRET_NAME.search(name) and value and len(value) >= 6 and value != PLACEHOLDER_KEY
+    }
+    # Longest first, so a key containing another is replaced whole.
+    return sorted(values, key=len, reverse=True)
+
+
+def redact(text: str) -> str:
+    """``text`` with secrets replaced by ``***``: the values of environment variables named like keys or
+    tokens (``*_API_KEY``, ``*TOKEN*``, ...) and key-shaped strings (``sk-...``, ``Bearer ...``).
+
+    Example:
+        >>> os.environ["OPENAI_API_KEY"] = "sk-test-123456789012345"
+        >>> redact("401: key sk-test-123456789012345 rejected")
+        '401: key *** rejected'
+    """
+    if not text:
+        return text
+    for value in _secret_values():
+        if value in text:
+            text = text.replace(value, REDACTED)
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
+    return text
+
+
+__all__ = [
+    "SPEC_HELP",
+    "LMEndpointError",
+    "LMSpec",
+    "build_lm",
+    "check_endpoint",
+    "explain_lm_error",
+    "parse_lm_spec",
+    "parse_stage_lms",
+    "redact",
+    "set_stage_lms",
+    "strip_credentials",
+]

@@ -1,0 +1,277 @@
+"""A local OpenAI-compatible chat server for tests and benchmarks, answering like :class:`ScriptedLM`.
+
+It lets the real ``dspy.LM`` client (HTTP, retries, timeouts, usage) run against a scripted responder, with
+faults injected on demand: rate limits with ``Retry-After``, server errors, replies slower than the client's
+timeout, malformed text and unknown models.
+
+Example:
+    >>> import dspy
+    >>> with LocalOpenAIServer(lambda req: {"answer": "Paris"}) as server:
+    ...     lm = dspy.LM("openai/scripted", api_base=server.api_base, api_key="unused", cache=False)
+    ...     dspy.Predict("question -> answer", lm=lm)(question="Capital of France?").answer
+    'Paris'
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+from ragsuite.testing.scripted import Responder, ScriptedLM, ScriptedRequest, parse_chat_messages
+
+FaultKind = Literal["rate_limit", "server_error", "delay", "malformed", "not_found", "disconnect"]
+
+#: Request bodies above this size are refused with 413: the server only ever sees test prompts.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected failure, applied to a single chat request.
+
+    Attributes:
+        kind: ``rate_limit`` (429 with ``Retry-After``), ``server_error`` (500), ``delay`` (sleep ``seconds``
+            then answer normally, to trip the client's timeout), ``malformed`` (200 with ``text`` as the
+            reply), ``not_found`` (404 "model does not exist") or ``disconnect`` (close without replying).
+        seconds: ``Retry-After`` for ``rate_limit``; sleep for ``delay``.
+        text: The reply for ``malformed``.
+    """
+
+    kind: FaultKind
+    seconds: float = 0.0
+    text: str = "this is not in the expected format"
+
+
+def word_count(text: str) -> int:
+    """The server's token count: whitespace-separated words (deterministic, dependency-free)."""
+    return len(text.split())
+
+
+class LocalOpenAIServer:
+    """Serve ``/v1/chat/completions`` and ``/v1/models`` on 127.0.0.1 from a background thread.
+
+    Args:
+        responder: ``responder(ScriptedRequest) -> dict | str``, as for :class:`ScriptedLM`.
+        latency: Seconds every chat reply waits before answering (a stand-in for LM decode time).
+        model: The model id ``/v1/models`` lists; requests for other models get 404 when ``strict_model``.
+        strict_model: Refuse unknown model names with 404, as vLLM does.
+        fault_fn: Optional ``fault_fn(request_number, request) -> Fault | None`` consulted for every chat
+            request (after the queued faults), for faults that depend on the question.
+
+    Attributes:
+        api_base: ``http://127.0.0.1:PORT/v1``.
+        chat_requests: Chat requests received, faulted ones included.
+        question_counts: Chat requests per ``question`` input field (faulted ones included).
+        requests: Parsed requests that were answered (the responder saw them), in arrival order.
+    """
+
+    def __init__(
+        self,
+        responder: Responder,
+        *,
+        latency: float = 0.0,
+        model: str = "scripted",
+        strict_model: bool = True,
+        fault_fn: Callable[[int, ScriptedRequest], Fault | None] | None = None,
+    ) -> None:
+        self._scripted = ScriptedLM(responder)
+        self.latency = latency
+        self.model = model
+        self.strict_model = strict_model
+        self.fault_fn = fault_fn
+        self.chat_requests = 0
+        self.faults_served: list[Fault] = []
+        self.question_counts: collections.Counter[str] = collections.Counter()
+        self._faults: collections.deque[Fault] = collections.deque()
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ control
+    @property
+    def requests(self) -> list[ScriptedRequest]:
+        return self._scripted.requests
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("the server is not running; use it as a context manager or call start()")
+        return self._httpd.server_address[1]
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def inject(self, *faults: Fault) -> None:
+        """Queue faults; each applies to one upcoming chat request, in order."""
+        with self._lock:
+            self._faults.extend(faults)
+
+    def start(self) -> LocalOpenAIServer:
+        self._httpd = _QuietServer(("127.0.0.1", 0), _make_handler(self))
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="local-openai", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> LocalOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ serving
+    def _next_fault(self, number: int, request: ScriptedRequest) -> Fault | None:
+        with self._lock:
+            fault = self._faults.popleft() if self._faults else None
+        if fault is None and self.fault_fn is not None:
+            fault = self.fault_fn(number, request)
+        if fault is not None:
+            with self._lock:
+                self.faults_served.append(fault)
+        return fault
+
+    def _complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
+        """Status, JSON reply and extra headers for one chat request (``status == 0``: drop the socket)."""
+        with self._lock:
+            self.chat_requests += 1
+            number = self.chat_requests
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return 400, _error("'messages' must be a non-empty list", "invalid_request_error"), {}
+        model = str(body.get("model", ""))
+        if self.strict_model and model != self.model:
+            return 404, _error(f"The model `{model}` does not exist.", "NotFoundError"), {}
+        request = parse_chat_messages(messages)
+        with self._lock:
+            self.question_counts[request.inputs.get("question", "")] += 1
+        fault = self._next_fault(number, request)
+        if fault is not None:
+            if fault.kind == "rate_limit":
+                headers = {"Retry-After": f"{fault.seconds:g}"}
+                return 429, _error("Rate limit reached, retry later.", "rate_limit_error"), headers
+            if fault.kind == "server_error":
+                return 500, _error("Internal server error (injected).", "server_error"), {}
+            if fault.kind == "not_found":
+                return 404, _error(f"The model `{model}` does not exist.", "NotFoundError"), {}
+            if fault.kind == "disconnect":
+                return 0, {}, {}
+            if fault.kind == "delay":
+                time.sleep(fault.seconds)
+        if self.latency:
+            time.sleep(self.latency)
+        if fault is not None and fault.kind == "malformed":
+            text = fault.text
+        else:
+            text = self._scripted.reply(messages)
+        prompt_tokens = sum(word_count(str(m.get("content") or "")) for m in messages)
+        completion_tokens = word_count(text)
+        reply = {
+            "id": f"chatcmpl-{number}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+        return 200, reply, {}
+
+    def _models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "ragsuite"}]}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out and hung up is expected in fault tests; anything else is reported.
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
+def _error(message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def _make_handler(server: LocalOpenAIServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.1 keeps connections alive, as real servers do; every reply carries Content-Length.
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read stderr
+            del format, args
+
+        def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if path in ("/v1/models", "/models"):
+                self._send(200, server._models())
+            elif path in ("/health", "/v1/health"):
+                self._send(200, {"status": "ok"})
+            else:
+                self._send(404, _error(f"no route {path}", "not_found"))
+
+        def do_POST(self) -> None:
+            path = self.path.split("?", 1)[0].rstrip("/")
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                self.close_connection = True
+                self._send(413, _error("request body too large", "invalid_request_error"))
+                return
+            raw = self.rfile.read(length)
+            if path not in ("/v1/chat/completions", "/chat/completions"):
+                self._send(404, _error(f"no route {path}", "not_found"))
+                return
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                self._send(400, _error("the body is not JSON", "invalid_request_error"))
+                return
+            try:
+                status, payload, headers = server._complete(body)
+            except Exception as exc:  # a responder bug must reach the client as a 500, not a hang
+                status, payload, headers = 500, _error(f"responder failed: {exc!r}", "server_error"), {}
+            if status == 0:
+                self.close_connection = True
+                return
+            self._send(status, payload, headers)
+
+    return Handler
+
+
+__all__ = ["Fault", "LocalOpenAIServer", "word_count"]
