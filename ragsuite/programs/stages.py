@@ -30,7 +30,7 @@ import dspy
 
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger, run_concurrently
-from ragsuite.retrieval.base import Passage
+from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import format_passages
 from ragsuite.signatures.blendfilter import BlendQueryExternal, BlendQueryInternal
 from ragsuite.signatures.hanrag import Filter, FilterBatch
@@ -45,14 +45,21 @@ MAX_QUERY_CHARS = 500
 
 
 def retrieve_traced(
-    program: RAGProgram, ledger: RunLedger, query: str, k: int, **fields: Any
+    program: RAGProgram,
+    ledger: RunLedger,
+    query: str,
+    k: int,
+    *,
+    retriever: Retriever | None = None,
+    **fields: Any,
 ) -> list[Passage]:
     """``program.retrieve`` plus a ``"retrieve"`` trace event with the query and passage ids.
 
     An empty result is already recorded by ``program.retrieve`` (with ``empty=True``), so it is not
-    recorded twice. Extra ``fields`` (e.g. ``sub_question=...``) go into the event.
+    recorded twice. ``retriever`` overrides the program's own; extra ``fields`` (e.g. ``sub_question=...``)
+    go into the event.
     """
-    passages = program.retrieve(ledger, query, k)
+    passages = program.retrieve(ledger, query, k, retriever=retriever)
     if passages:
         ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages], **fields)
     return passages

@@ -1,0 +1,262 @@
+"""HANRAG (Sun et al., "Heuristic Accurate Noise-resistant RAG"): route each question to the cheapest chain
+that can answer it, and filter retrieval noise before every generation.
+
+Chains (the paper's Algorithm 2):
+
+- ``straightforward``: answer from the LM's own knowledge; 0 steps.
+- ``single-step``: ANRAG (Algorithm 1) — retrieve ``top_k``, judge each passage with the Filter stage, answer
+  from at most ``keep`` of the kept passages; 1 step.
+- ``compound``: Decompose into independent sub-questions, run ANRAG for each concurrently, answer the question
+  from the (sub-question, answer) pairs; 1 step, as the paper counts its parallel retrieval (table 8).
+- ``complex``: loop RefineSeed -> ANRAG on the seed -> EndCheck until the steps suffice or ``max_hops``
+  seeds were answered, then answer from the (seed, answer) steps; one step per seed.
+
+Steps count retrieval-generation cycles, the paper's efficiency measure.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import dspy
+
+from ragsuite.data.datasets import Task
+from ragsuite.errors import ConfigError
+from ragsuite.programs.base import RAGProgram, RunLedger, register, run_concurrently
+from ragsuite.programs.baselines import ANSWER_FALLBACK, check_int, merge_passages
+from ragsuite.programs.stages import FilterMode, FilterStage, retrieve_traced
+from ragsuite.retrieval.base import Passage, Retriever
+from ragsuite.signatures.answer import answer_signature, format_passages
+from ragsuite.signatures.hanrag import Decompose, EndCheck, RefineSeed, Route
+
+logger = logging.getLogger("ragsuite.programs.hanrag")
+
+ROUTES = ("straightforward", "single-step", "compound", "complex")
+#: The chain used when the router's reply cannot be parsed: one filtered retrieval is the safe middle.
+ROUTE_FALLBACK = "single-step"
+
+
+class HANRAGAnswer(dspy.Module):
+    """The answer predictors of HANRAG, one per kind of evidence (all belong to the ``answer`` stage).
+
+    Attributes:
+        direct: the question alone (straightforward route), in the task's style.
+        from_passages: the question and its kept passages (single-step route), in the task's style.
+        sub_question: a sub-question or seed and its kept passages; always a short span, since it feeds
+            the next step rather than the user.
+        from_steps: the question and the (sub-question, answer) steps, in the task's style.
+    """
+
+    def __init__(self, task: Task) -> None:
+        super().__init__()
+        self.direct = dspy.Predict(answer_signature(task, "none"))
+        self.from_passages = dspy.Predict(answer_signature(task, "passages"))
+        self.sub_question = dspy.Predict(answer_signature("short", "passages"))
+        self.from_steps = dspy.Predict(answer_signature(task, "note"))
+
+    def forward(self, **kwargs: Any) -> dspy.Prediction:  # pragma: no cover - programs call the predictors
+        raise TypeError("call one of HANRAGAnswer's predictors (direct, from_passages, ...) instead")
+
+
+def format_steps(steps: Sequence[tuple[str, str]], *, label: str = "Sub-question") -> str:
+    """Render (question, answer) pairs as the evidence of the final answer, or ``"nothing"`` when empty."""
+    if not steps:
+        return "nothing"
+    return "\n".join(
+        f"{label} {i}: {question}\nAnswer {i}: {answer or '(no answer found)'}"
+        for i, (question, answer) in enumerate(steps, start=1)
+    )
+
+
+def _clean_questions(raw: Any) -> list[str]:
+    """Non-empty, distinct (case-insensitive) strings from an LM list output, in order."""
+    seen: set[str] = set()
+    questions: list[str] = []
+    for item in raw if isinstance(raw, (list, tuple)) else [raw]:
+        text = " ".join(str(item or "").split())
+        if text and text.lower() not in seen:
+            seen.add(text.lower())
+            questions.append(text)
+    return questions
+
+
+@register
+class HANRAG(RAGProgram):
+    """HANRAG: route, then answer directly, with one filtered retrieval, with concurrent filtered retrievals
+    for decomposed sub-questions, or with an iterative seed-question loop.
+
+    Args:
+        retriever: Passage retriever.
+        task: Answer style of the final answer: ``short``, ``long`` or ``yesno``.
+        top_k: Passages retrieved per ANRAG call (the paper's top 10).
+        keep: At most this many kept passages reach the generator (the paper's top 3).
+        max_hops: Most seed questions in the complex loop (the paper's step limit, about 4.5 in its ablation),
+            and most sub-questions run for a compound question.
+        filter_mode: ``"per_passage"`` (one relevance call per passage, as in the paper) or ``"batch"`` (one
+            call per retrieval, far cheaper).
+
+    Example:
+        >>> import dspy
+        >>> from ragsuite import programs
+        >>> from ragsuite.retrieval.bm25 import BM25Retriever
+        >>> retriever = BM25Retriever.from_dataset("musique")  # doctest: +SKIP
+        >>> program = programs.get("hanrag")(retriever=retriever)
+        >>> with dspy.context(lm=dspy.LM("openai/gpt-4o-mini")):  # doctest: +SKIP
+        ...     prediction = program(question="Who succeeded the first President of Namibia?")
+        >>> prediction.route, prediction.stats["steps"]  # doctest: +SKIP
+        ('complex', 2)
+    """
+
+    name: ClassVar[str] = "hanrag"
+    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "keep", "max_hops", "filter_mode")
+
+    def __init__(
+        self,
+        *,
+        retriever: Retriever | None = None,
+        task: Task = "short",
+        top_k: int = 10,
+        keep: int = 3,
+        max_hops: int = 4,
+        filter_mode: FilterMode = "per_passage",
+    ) -> None:
+        super().__init__(retriever=retriever, task=task)
+        self.top_k = check_int("top_k", top_k, minimum=1)
+        self.keep = check_int("keep", keep, minimum=1)
+        self.max_hops = check_int("max_hops", max_hops, minimum=1)
+        if filter_mode not in ("per_passage", "batch"):
+            raise ConfigError(f"filter_mode must be 'per_passage' or 'batch', not {filter_mode!r}")
+        self.filter_mode: FilterMode = filter_mode
+        self.route = dspy.Predict(Route)
+        self.decompose = dspy.Predict(Decompose)
+        self.refine_seed = dspy.Predict(RefineSeed)
+        self.end_check = dspy.Predict(EndCheck)
+        self.filter = FilterStage(mode=filter_mode)
+        self.answer = HANRAGAnswer(task)
+
+    @classmethod
+    def search_space(cls, trial: Any) -> dict[str, Any]:
+        return {
+            "top_k": trial.suggest_int("top_k", 5, 20, step=5),
+            "keep": trial.suggest_int("keep", 1, 5),
+            "max_hops": trial.suggest_int("max_hops", 1, 6),
+            "filter_mode": trial.suggest_categorical("filter_mode", ["per_passage", "batch"]),
+        }
+
+    # ------------------------------------------------------------------ chains
+    def forward(self, question: str) -> dspy.Prediction:
+        ledger = self.start(question)
+        routed = self.call_stage(
+            ledger, "route", self.route, fallback={"category": ROUTE_FALLBACK}, question=question
+        )
+        category = routed.category if routed.category in ROUTES else ROUTE_FALLBACK
+        ledger.record("route", category=category)
+        if category == "straightforward":
+            answer = self._answer(ledger, self.answer.direct, source="none", question=question)
+            passages: list[Passage] = []
+        elif category == "single-step":
+            ledger.count_step()
+            answer, passages = self._anrag(ledger, question, self.answer.from_passages)
+        elif category == "compound":
+            answer, passages = self._compound(ledger, question)
+        else:
+            answer, passages = self._complex(ledger, question)
+        return self.finish(ledger, answer, passages, route=category)
+
+    def _answer(self, ledger: RunLedger, predictor: dspy.Predict, *, source: str, **inputs: Any) -> str:
+        prediction = self.call_stage(ledger, "answer", predictor, fallback=ANSWER_FALLBACK, **inputs)
+        answer = str(prediction.answer or "").strip()
+        ledger.record("answer", source=source, question=inputs["question"], answer=answer)
+        return answer
+
+    def _anrag(
+        self, ledger: RunLedger, query: str, predictor: dspy.Predict, **fields: Any
+    ) -> tuple[str, list[Passage]]:
+        """Algorithm 1: retrieve ``top_k`` for ``query``, filter, answer ``query`` from the first ``keep``
+        kept passages. Returns the answer and the passages it was given."""
+        retrieved = retrieve_traced(self, ledger, query, self.top_k, **fields)
+        kept = self.filter(self, ledger, query, retrieved, **fields)[: self.keep]
+        answer = self._answer(
+            ledger,
+            predictor,
+            source="passages",
+            question=query,
+            passages=format_passages(kept),
+        )
+        ledger.record("anrag", question=query, answer=answer, passage_ids=[p.id for p in kept], **fields)
+        return answer, kept
+
+    def _compound(self, ledger: RunLedger, question: str) -> tuple[str, list[Passage]]:
+        decomposed = self.call_stage(
+            ledger, "decompose", self.decompose, fallback={"sub_questions": [question]}, question=question
+        )
+        sub_questions = _clean_questions(decomposed.sub_questions) or [question]
+        dropped = sub_questions[self.max_hops :]
+        sub_questions = sub_questions[: self.max_hops]
+        ledger.record("decompose", sub_questions=sub_questions, **({"dropped": dropped} if dropped else {}))
+        # The sub-questions are independent: their retrievals run at once and count as one step.
+        ledger.count_step()
+        results = run_concurrently(
+            lambda sub: self._anrag(ledger, sub, self.answer.sub_question, sub_question=sub), sub_questions
+        )
+        steps = [(sub, answer) for sub, (answer, _) in zip(sub_questions, results, strict=True)]
+        answer = self._answer(
+            ledger, self.answer.from_steps, source="steps", question=question, note=format_steps(steps)
+        )
+        return answer, merge_passages([kept for _, kept in results])
+
+    def _complex(self, ledger: RunLedger, question: str) -> tuple[str, list[Passage]]:
+        steps: list[tuple[str, str]] = []
+        evidence: list[list[Passage]] = []
+        asked: set[str] = set()
+        reason = "max_hops"
+        for hop in range(1, self.max_hops + 1):
+            refined = self.call_stage(
+                ledger,
+                "refine_seed",
+                self.refine_seed,
+                fallback={"seed_question": question},
+                question=question,
+                steps=format_steps(steps, label="Seed question"),
+            )
+            seed = " ".join(str(refined.seed_question or "").split()) or question
+            if seed.lower() in asked:
+                # Asking the same seed again would retrieve the same passages: the loop has stalled.
+                reason = "repeated_seed"
+                ledger.record("seed", hop=hop, seed=seed, repeated=True)
+                break
+            asked.add(seed.lower())
+            ledger.record("seed", hop=hop, seed=seed)
+            ledger.count_step()
+            answer, kept = self._anrag(ledger, seed, self.answer.sub_question, hop=hop, seed=seed)
+            steps.append((seed, answer))
+            evidence.append(kept)
+            if hop == self.max_hops:
+                break  # no further hop is allowed, so asking EndCheck would change nothing
+            ended = self.call_stage(
+                ledger,
+                "end_check",
+                self.end_check,
+                fallback={"enough": False},
+                question=question,
+                steps=format_steps(steps, label="Seed question"),
+            )
+            enough = bool(ended.enough)
+            ledger.record("end_check", hop=hop, enough=enough)
+            if enough:
+                reason = "enough"
+                break
+        ledger.record("stop", reason=reason, hops=len(steps))
+        answer = self._answer(
+            ledger,
+            self.answer.from_steps,
+            source="steps",
+            question=question,
+            note=format_steps(steps, label="Seed question"),
+        )
+        return answer, merge_passages(evidence)
+
+
+__all__ = ["HANRAG", "HANRAGAnswer", "format_steps"]
