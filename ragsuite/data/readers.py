@@ -140,14 +140,19 @@ def _read_records(path: PathLike) -> Iterator[tuple[str, Any]]:
             yield f"{path}[{index}]", record
         return
     if head.startswith("{"):
-        # One JSON document (a map such as ASQA's {"dev": {...}}) or JSON Lines.
+        # JSON Lines, unless the first line is not a whole object: then one (pretty-printed) JSON document,
+        # such as the original ASQA.json map or StrategyQA's paragraphs.
+        with path.open(encoding="utf-8") as handle:
+            first = next((line for line in handle if line.strip()), "")
         try:
-            with path.open(encoding="utf-8") as handle:
-                data = ujson.load(handle)
+            ujson.loads(first)
         except ValueError:
-            data = None
-        if isinstance(data, dict):
-            yield str(path), data
+            try:
+                with path.open(encoding="utf-8") as handle:
+                    document = ujson.load(handle)
+            except ValueError as exc:
+                raise DataError(f"{path}: not valid JSON ({exc})") from None
+            yield str(path), document
             return
     with path.open(encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
