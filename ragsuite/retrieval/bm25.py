@@ -57,8 +57,8 @@ StopwordList = Literal["en", "en_plus", "none"]
 # Bumped whenever the on-disk layout or tokenization code changes meaning, so old caches are not reused.
 _FORMAT_VERSION = 1
 _META_NAME = "ragsuite-meta.json"
-# Queries are scored in chunks so that the dense (queries x passages) score matrix stays ~32 MB.
-_MAX_SCORE_CELLS = 1 << 22
+# Queries are scored in chunks so the dense (queries x passages) score matrix (~1 MB) stays in cache.
+_MAX_SCORE_CELLS = 1 << 17
 _STEM_CACHE_LIMIT = 500_000
 
 

@@ -1,0 +1,167 @@
+"""Retrieval quality and speed: ragsuite's BM25Retriever against plain bm25s, side by side, on every dataset.
+
+    python benchmarks/retrieval.py [--datasets hotpotqa nq ...] [--repeats 5] [--out results.json]
+
+For each dataset with a corpus, every column (retriever) answers the dev questions; the table reports
+recall@5 / recall@10 of gold passages and queries per second, batched (one call for all questions) and one by
+one. Timing runs of the columns are interleaved and repeated, and the median is kept, so that load from other
+processes hits every column alike. "plain bm25s" is the reference configuration: Snowball English stemmer,
+bm25s' English stopwords, title and text joined by a space, method lucene, k1 = 1.5, b = 0.75; its query time
+includes ``bm25s.tokenize`` just as ragsuite's includes its own tokenizer.
+
+Adding a column: write ``def build_x(corpus, *, cache_dir) -> Column`` and list it in ``COLUMNS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragsuite.data.datasets import dataset_names, get_dataset_info, load_corpus, load_dataset
+from ragsuite.data.metrics import retrieval_recall
+from ragsuite.retrieval.base import Passage
+
+K = 10
+
+
+@dataclass
+class Column:
+    """One retriever under test: ``batch`` and ``one`` return passage ids, best first."""
+
+    name: str
+    batch: Callable[[Sequence[str], int], list[list[str]]]
+    one: Callable[[str, int], list[str]]
+    timed: bool = True  # remote or slow retrievers can opt out of the speed columns
+
+
+def build_plain_bm25s(corpus: list[Passage], *, cache_dir: Path) -> Column:
+    import bm25s
+    import numpy as np
+    import Stemmer
+
+    del cache_dir
+    stemmer = Stemmer.Stemmer("english")
+    retriever = bm25s.BM25()
+    tokens = bm25s.tokenize(
+        [f"{p.title} {p.text}" for p in corpus], stopwords="en", stemmer=stemmer, show_progress=False
+    )
+    retriever.index(tokens, show_progress=False)
+    ids = np.array([p.id for p in corpus], dtype=object)
+
+    def batch(queries: Sequence[str], k: int) -> list[list[str]]:
+        q = bm25s.tokenize(list(queries), stopwords="en", stemmer=stemmer, show_progress=False)
+        docs, _ = retriever.retrieve(q, k=min(k, len(corpus)), show_progress=False)
+        return [ids[row].tolist() for row in docs]
+
+    def one(query: str, k: int) -> list[str]:
+        return batch([query], k)[0]
+
+    return Column("plain bm25s", batch, one)
+
+
+def build_ragsuite_bm25(corpus: list[Passage], *, cache_dir: Path) -> Column:
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    retriever = BM25Retriever(corpus, cache_dir=cache_dir)
+
+    def batch(queries: Sequence[str], k: int) -> list[list[str]]:
+        return [[p.id for p in ps] for ps in retriever.batch(queries, k)]
+
+    def one(query: str, k: int) -> list[str]:
+        return [p.id for p in retriever(query, k)]
+
+    return Column("ragsuite BM25", batch, one)
+
+
+# Reference column first: ratios are taken against it.
+COLUMNS: list[Callable[..., Column]] = [build_plain_bm25s, build_ragsuite_bm25]
+
+
+def _qps(fn: Callable[[], object], n: int) -> float:
+    start = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - start)
+
+
+def bench_dataset(name: str, *, repeats: int, cache_dir: Path, data_dir: str | None) -> dict:
+    corpus = load_corpus(name, data_dir=data_dir)
+    examples = [ex for ex in load_dataset(name, data_dir=data_dir) if ex.gold_passage_ids]
+    questions = [ex.question for ex in examples]
+    columns = [build(corpus, cache_dir=cache_dir) for build in COLUMNS]
+    row: dict = {"dataset": name, "passages": len(corpus), "questions": len(questions), "columns": {}}
+    timing: dict[str, dict[str, list[float]]] = {c.name: {"batch": [], "one": []} for c in columns}
+    for column in columns:
+        ranked = column.batch(questions, K)
+        row["columns"][column.name] = {
+            f"recall@{k}": statistics.fmean(
+                retrieval_recall(ids, ex.gold_passage_ids, k)
+                for ids, ex in zip(ranked, examples, strict=True)
+            )
+            for k in (5, 10)
+        }
+        column.one(questions[0], K)  # warm-up
+    for _ in range(repeats):
+        for column in (c for c in columns if c.timed):
+            timing[column.name]["batch"].append(_qps(lambda c=column: c.batch(questions, K), len(questions)))
+            timing[column.name]["one"].append(
+                _qps(lambda c=column: [c.one(q, K) for q in questions], len(questions))
+            )
+    for column in (c for c in columns if c.timed):
+        for mode in ("batch", "one"):
+            row["columns"][column.name][f"qps_{mode}"] = statistics.median(timing[column.name][mode])
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    ref, ours = "plain bm25s", "ragsuite BM25"
+    lines = [
+        "| dataset | passages | questions | R@5 plain | R@5 ragsuite | R@10 plain | R@10 ragsuite "
+        "| q/s batch plain | q/s batch ragsuite | ratio | q/s 1-by-1 plain | q/s 1-by-1 ragsuite | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        a, b = row["columns"][ref], row["columns"][ours]
+        lines.append(
+            f"| {row['dataset']} | {row['passages']} | {row['questions']} "
+            f"| {a['recall@5']:.3f} | **{b['recall@5']:.3f}** "
+            f"| {a['recall@10']:.3f} | **{b['recall@10']:.3f}** "
+            f"| {a['qps_batch']:,.0f} | {b['qps_batch']:,.0f} | {b['qps_batch'] / a['qps_batch']:.2f}x "
+            f"| {a['qps_one']:,.0f} | {b['qps_one']:,.0f} | {b['qps_one'] / a['qps_one']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    with_corpus = [n for n in dataset_names() if get_dataset_info(n).has_corpus]
+    parser.add_argument("--datasets", nargs="+", default=with_corpus, choices=with_corpus)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing runs per column (median)")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument(
+        "--cache-dir", default=None, help="index cache (default: a fresh temporary directory)"
+    )
+    parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ragsuite-bench-") as tmp:
+        cache_dir = Path(args.cache_dir or tmp)
+        rows = []
+        for name in args.datasets:
+            print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
+            rows.append(
+                bench_dataset(name, repeats=args.repeats, cache_dir=cache_dir, data_dir=args.data_dir)
+            )
+    print(markdown(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
