@@ -191,3 +191,49 @@ def test_vanilla_with_the_library_stages() -> None:
     assert [p.id for p in prediction.passages] == ["bogislaw", "oder"]
     assert prediction.stats["lm_calls"] == 1 + 2 + 1  # blend, filter x 2, answer
     assert prediction.answer == "Stettin"
+
+
+# ----------------------------------------------------------------------------- every dataset
+def generic_responder(request: ScriptedRequest) -> dict[str, Any]:
+    """Plausible replies for any note or answer stage, derived from the request's inputs."""
+    question = request.inputs.get("question", "")
+    if request.asks_for("queries"):
+        words = question.split()
+        return {"queries": [" ".join(words[:4]), " ".join(words[-4:])]}
+    if request.asks_for("better"):
+        return {"better": len(request.inputs["updated_note"]) > len(request.inputs["best_note"])}
+    if request.asks_for("updated_note"):
+        return {"updated_note": request.inputs["best_note"] + " " + request.inputs["passages"][:80]}
+    if request.asks_for("note"):
+        return {"note": request.inputs["passages"][:200]}
+    if "yes or no" in request.instructions:
+        return {"answer": "yes"}
+    return {"answer": question.split()[-1]}
+
+
+@pytest.mark.parametrize("name", ["no-retrieval", "vanilla", "deepnote", "adaptive-note"])
+def test_every_program_answers_every_datasets_questions(name: str, data_dir: Any) -> None:
+    from ragsuite.data.datasets import dataset_names, get_dataset_info, load_corpus, load_dataset
+    from ragsuite.programs.deepnote import AdaptiveNote, DeepNote
+
+    classes = {
+        "no-retrieval": NoRetrieval,
+        "vanilla": VanillaRAG,
+        "deepnote": DeepNote,
+        "adaptive-note": AdaptiveNote,
+    }
+    for dataset in dataset_names():
+        info = get_dataset_info(dataset)
+        corpus = load_corpus(dataset if info.has_corpus else "nq", data_dir)[:300]
+        program = classes[name](retriever=KeywordRetriever(corpus), task=info.task)
+        for example in load_dataset(dataset, data_dir=data_dir)[:2]:
+            with dspy.context(lm=ScriptedLM(generic_responder)):
+                prediction = program(question=example.question)
+            assert prediction.answer, (dataset, example.question)
+            if info.task == "yesno":
+                assert prediction.answer == "yes"
+            assert set(prediction.stats) >= {"lm_calls", "retrievals", "steps", "unique_passages"}
+            assert prediction.stats["fallbacks"] == 0
+            assert prediction.trace[-1]["stage"] == "answer"
+            if name in ("deepnote", "adaptive-note"):
+                assert prediction.stats["steps"] >= 1
