@@ -154,8 +154,12 @@ def test_retrieval_recall_and_all_gold() -> None:
     assert all_gold(ranked, [], k=5) == 0.0
     passages = [Passage(id="p1", title="", text="x"), Passage(id="p2", title="", text="y")]
     assert retrieval_recall(passages, ["p2"], k=2) == 1.0
-    with pytest.raises(ValueError):
-        retrieval_recall(ranked, ["p1"], k=0)
+    assert retrieval_recall(ranked, ["p2"], k=None) == 1.0  # None: every retrieved id
+    assert retrieval_recall([], ["p1"], k=0) == 0.0  # an empty retrieval scored at k=len(retrieved)
+    assert all_gold(ranked, ["p1"], k=0) == 0.0
+    for bad_k in (-1, 2.5, True):
+        with pytest.raises(ValueError):
+            retrieval_recall(ranked, ["p1"], k=bad_k)
 
 
 def _ex(**labels) -> dspy.Example:

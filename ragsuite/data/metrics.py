@@ -28,6 +28,7 @@ DSPy adapters: :func:`score_example` computes every metric a dataset reports; :f
 
 from __future__ import annotations
 
+import operator
 import re
 import string
 from collections import Counter
@@ -189,15 +190,25 @@ def _as_id(item: Any) -> str:
     return str(getattr(item, "id", item))
 
 
-def _top_k(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: int) -> tuple[set[str], set[str]]:
-    if k is None or int(k) < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
-    top = {_as_id(item) for item in list(retrieved_ids)[: int(k)]}
-    return top, {_as_id(gold) for gold in gold_ids}
+def _top_k(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: int | None) -> tuple[set[str], set[str]]:
+    retrieved = list(retrieved_ids)
+    if k is not None:
+        try:
+            # operator.index accepts numpy integers and rejects floats.
+            top = -1 if isinstance(k, bool) else operator.index(k)
+        except TypeError:
+            top = -1
+        if top < 0:
+            raise ValueError(f"k must be a non-negative integer or None, got {k!r}")
+        retrieved = retrieved[:top]
+    return {_as_id(item) for item in retrieved}, {_as_id(gold) for gold in gold_ids}
 
 
-def retrieval_recall(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: int) -> float:
+def retrieval_recall(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: int | None) -> float:
     """The fraction of distinct gold passage ids among the first ``k`` retrieved ids (0.0 when no gold).
+
+    ``k=None`` counts every retrieved id; ``k=0`` (nothing retrieved) scores 0.0. Items may be ids or
+    :class:`~ragsuite.retrieval.base.Passage` objects.
 
     Example:
         >>> retrieval_recall(["p1", "p9", "p2"], ["p1", "p2"], k=2)
@@ -207,7 +218,7 @@ def retrieval_recall(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: i
     return len(gold & top) / len(gold) if gold else 0.0
 
 
-def all_gold(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: int) -> float:
+def all_gold(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: int | None) -> float:
     """1.0 when every gold passage id is among the first ``k`` retrieved ids, else 0.0 (0.0 when no gold)."""
     top, gold = _top_k(retrieved_ids, gold_ids, k)
     return float(bool(gold) and gold <= top)
