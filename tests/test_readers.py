@@ -158,6 +158,11 @@ def test_musique(tmp_path: Path) -> None:
         DataError, match=r"musique\.jsonl:2 \(2hop__150763_14904\) paragraphs\[0\]: missing 'paragraph_text'"
     ):
         read("musique", _jsonl(tmp_path / "musique.jsonl", broken))
+    with pytest.raises(DataError, match=r"musique\.jsonl:1 \(2hop__150763_14904\): empty 'answer'"):
+        read(
+            "musique",
+            _jsonl(tmp_path / "musique.jsonl", [{**MUSIQUE[0], "answer": " ", "answer_aliases": []}]),
+        )
     (tmp_path / "musique.jsonl").write_text(json.dumps(MUSIQUE[0]) + "\n{oops\n", encoding="utf-8")
     with pytest.raises(DataError, match=r"musique\.jsonl:2: not valid JSON"):
         read("musique", tmp_path / "musique.jsonl")

@@ -215,7 +215,9 @@ def _read_hotpot_like(path: PathLike, *, evidences: bool) -> ConvertedDataset:
         qid = str(_field(record, "_id", (str, int), where))
         where = f"{where} ({qid})"
         question = _question(record, where)
-        answer = _field(record, "answer", str, where)
+        answer = _field(record, "answer", str, where).strip()
+        if not answer:
+            raise DataError(f"{where}: empty 'answer'")
         context = _field(record, "context", list, where)
         facts = _field(record, "supporting_facts", list, where)
         if evidences:
@@ -271,6 +273,9 @@ def read_musique(path: PathLike, *, include_unanswerable: bool = False) -> Conve
             continue
         answer = _field(record, "answer", str, where)
         aliases = _field(record, "answer_aliases", list, where, required=False) or []
+        answers = _unique([answer.strip(), *(str(a).strip() for a in aliases)])
+        if not answers and record.get("answerable") is not False:
+            raise DataError(f"{where}: empty 'answer' on an answerable question")
         paragraphs = _field(record, "paragraphs", list, where)
         gold = []
         for index, para in enumerate(paragraphs):
@@ -284,7 +289,7 @@ def read_musique(path: PathLike, *, include_unanswerable: bool = False) -> Conve
             {
                 "id": qid,
                 "question": question,
-                "answers": _unique([answer.strip(), *(str(a).strip() for a in aliases)]),
+                "answers": answers,
                 "type": qid.split("__", 1)[0] if "__" in qid else "",
                 "gold_passage_ids": _unique(gold),
             }
