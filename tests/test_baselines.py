@@ -116,6 +116,25 @@ def test_unparsable_answer_is_an_empty_recorded_fallback() -> None:
     assert any(e["stage"] == "answer" and e.get("fallback") == {"answer": ""} for e in prediction.trace)
 
 
+@pytest.mark.parametrize(("reply", "expected"), [("Yes", "yes"), ("No.", "no"), ("Yes, it was.", "yes")])
+def test_yes_no_reply_outside_the_literal_is_salvaged(reply: str, expected: str) -> None:
+    lm, seen = scripted(reply)
+    with dspy.context(lm=lm):
+        prediction = NoRetrieval(task="yesno")(question="Is Stettin on the Oder?")
+    assert prediction.answer == expected
+    assert prediction.trace[-1]["salvaged"] is True
+    assert prediction.stats["lm_calls"] == 1 and prediction.stats["fallbacks"] == 0
+    assert len(seen) == 2  # DSPy's JSON-adapter retry came first
+
+
+def test_yes_no_reply_without_yes_or_no_falls_back_to_empty() -> None:
+    lm, _ = scripted("It depends on the season.")
+    with dspy.context(lm=lm):
+        prediction = NoRetrieval(task="yesno")(question="Is Stettin on the Oder?")
+    assert prediction.answer == ""
+    assert prediction.stats["fallbacks"] == 1
+
+
 def test_retriever_failure_propagates_with_the_question() -> None:
     lm, seen = scripted()
     program = VanillaRAG(retriever=ListRetriever(CORPUS, error=OSError("connection refused")))

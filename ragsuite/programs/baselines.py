@@ -4,10 +4,12 @@ top-k passages once, answer from them), plus the shared helpers for validating k
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import dspy
+from dspy.utils.exceptions import AdapterParseError
 
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
@@ -31,11 +33,39 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
     return value
 
 
+_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+
+
+def _salvage_yes_no(predictor: Callable[..., dspy.Prediction]) -> Callable[..., dspy.Prediction]:
+    """Wrap a yes/no answer predictor so that a reply DSPy's strict ``Literal["yes", "no"]`` parsing refuses
+    ("Yes", "no.", "Yes, because ...") still yields the first yes/no word in it, lowercased."""
+
+    def call(**inputs: Any) -> dspy.Prediction:
+        try:
+            return predictor(**inputs)
+        except AdapterParseError as exc:
+            match = _YES_NO.search(str(exc.lm_response or ""))
+            if match is None:
+                raise
+            logger.debug("yes/no answer salvaged from an unparsable reply")
+            return dspy.Prediction(answer=match.group(1).lower(), salvaged=True)
+
+    return call
+
+
 def run_answer(program: RAGProgram, ledger: RunLedger, *, source: str, **evidence: Any) -> str:
-    """Call ``program.answer`` with ``evidence`` and record the answer; an unparsable reply gives ``""``."""
-    prediction = program.call_stage(ledger, "answer", program.answer, fallback=ANSWER_FALLBACK, **evidence)
+    """Call ``program.answer`` with ``evidence`` and record the answer; an unparsable reply gives ``""``.
+
+    For yes/no tasks a reply that fails strict parsing but contains "yes" or "no" is read as that word
+    (recorded as ``salvaged`` in the trace) before the empty fallback applies.
+    """
+    predictor = _salvage_yes_no(program.answer) if program.task == "yesno" else program.answer
+    prediction = program.call_stage(ledger, "answer", predictor, fallback=ANSWER_FALLBACK, **evidence)
     answer = str(prediction.answer or "").strip()
-    ledger.record("answer", source=source, answer=answer)
+    if prediction.get("salvaged"):
+        ledger.record("answer", source=source, answer=answer, salvaged=True)
+    else:
+        ledger.record("answer", source=source, answer=answer)
     return answer
 
 
