@@ -1,0 +1,189 @@
+"""Knowledge-aware diverse reranking: the interleave merge, the pool, declaration and summary, both rerank
+modes, the final top n, and robustness."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from ragsuite import programs
+from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.programs.diverse_rerank import DiverseRerank
+from ragsuite.programs.stages import join_query
+from ragsuite.retrieval.base import Passage
+from ragsuite.retrieval.merge import interleave, rrf
+from ragsuite.testing.retrievers import ListRetriever
+from ragsuite.testing.scripted import ScriptedLM
+
+QUESTION = "Who had more world titles, Muhammad Ali or Ramon Dekkers?"
+CORPUS = [Passage(pid, pid.upper(), f"text {pid}") for pid in ("a", "b", "c", "d", "e", "f", "g", "x")]
+ALI = "Muhammad Ali's world heavyweight titles"
+DEKKERS = "Ramon Dekkers' Muay Thai world titles"
+
+
+def ids(passages) -> list[str]:
+    return [p.id for p in passages]
+
+
+def P(pid: str) -> Passage:
+    return next(p for p in CORPUS if p.id == pid)
+
+
+# ----------------------------------------------------------------------------- merge
+def test_interleave_alternates_preserving_order_without_duplicates() -> None:
+    sparse = [P("a"), P("b"), P("c"), P("d")]
+    dense = [P("b"), P("e"), P("a")]
+    assert ids(interleave([sparse, dense])) == ["a", "b", "e", "c", "d"]
+    assert ids(interleave([dense, sparse])) == ["b", "a", "e", "c", "d"]
+    assert ids(interleave([sparse, dense], limit=3)) == ["a", "b", "e"]
+    assert ids(interleave([sparse])) == ["a", "b", "c", "d"]
+    assert interleave([]) == [] and interleave([[], []]) == []
+    assert ids(interleave([[P("a"), P("a"), P("b")]])) == ["a", "b"]
+
+
+def test_rrf_sums_reciprocal_ranks() -> None:
+    fused = rrf([[P("a"), P("b")], [P("b"), P("c")]], k=60)
+    assert ids(fused) == ["b", "a", "c"]
+    assert fused[0].score == pytest.approx(1 / 62 + 1 / 61)
+    assert ids(rrf([[P("a"), P("b")], [P("b"), P("c")]], limit=1)) == ["b"]
+
+
+# ----------------------------------------------------------------------------- program
+RERANK_A = join_query(QUESTION, ALI)
+RERANK_B = join_query(QUESTION, DEKKERS)
+TABLE = {
+    QUESTION: ["a", "b", "c", "d"],
+    RERANK_A: ["x", "d", "b"],  # x is outside the pool and must not appear
+    RERANK_B: ["c", "a", "g"],
+}
+
+
+def responder(request):
+    fields = request.output_fields
+    if "required_knowledge" in fields:
+        doc = request.inputs["passage"].split(" |")[0]
+        return {"required_knowledge": [ALI, DEKKERS], "present_knowledge": [f"{doc} facts"]}
+    if "first_knowledge" in fields:
+        return {"first_knowledge": ALI, "second_knowledge": DEKKERS}
+    if "score" in fields:
+        doc = request.inputs["passage"].split(" |")[0].lower()
+        ali = {"a": 9, "b": 2, "c": 5, "e": 7}
+        dekkers = {"b": 8, "c": 3, "d": 6, "e": 1}
+        table = ali if "Ali" in request.inputs["focus"] else dekkers
+        return {"score": table.get(doc, 0)}
+    return {"answer": "Ramon Dekkers"}
+
+
+def run(program, reply=responder):
+    lm = ScriptedLM(reply)
+    with dspy.context(lm=lm):
+        return program(question=QUESTION), lm
+
+
+def test_registered_with_defaults_and_stage_names() -> None:
+    assert programs.get("diverse-rerank") is DiverseRerank
+    assert DiverseRerank.default_knobs() == {
+        "pool_k": 50,
+        "declare_top": 5,
+        "n": 10,
+        "rerank_by": "retriever",
+        "rerank_depth": 100,
+    }
+    program = DiverseRerank(retriever=ListRetriever(CORPUS), rerank_by="lm")
+    names = {name.split(".")[0] for name, _ in program.named_predictors()}
+    assert names == {"knowledge_declare", "knowledge_summarize", "rerank", "answer"}
+
+
+def test_two_retrievers_interleave_then_knowledge_rerank_and_top_n() -> None:
+    sparse = ListRetriever(CORPUS, TABLE)
+    dense = ListRetriever(CORPUS, {QUESTION: ["e", "a", "f"]})
+    program = DiverseRerank(retriever=sparse, second_retriever=dense, pool_k=4, declare_top=2, n=4)
+    prediction, lm = run(program)
+    assert dense.queries == [QUESTION]
+    assert sparse.queries[0] == QUESTION and sorted(sparse.queries[1:]) == sorted([RERANK_A, RERANK_B])
+    pool = next(e for e in prediction.trace if e["stage"] == "pool")["passage_ids"]
+    assert pool == ["a", "e", "b", "c", "f", "d"]
+    declared = [r.inputs["passage"] for r in lm.requests if "required_knowledge" in r.output_fields]
+    assert sorted(declared) == sorted([P("a").render(), P("e").render()])  # the top declare_top of the pool
+    summarize = next(r for r in lm.requests if "first_knowledge" in r.output_fields)
+    assert "[1] (A) required:" in summarize.inputs["declarations"]
+    assert "present in this document: E facts" in summarize.inputs["declarations"]
+    rerank = {tuple(e["passage_ids"][:3]): e["focus"] for e in prediction.trace if e["stage"] == "rerank"}
+    # ALI ranking: d, b reached; then a, e, c, f unreached in pool order.  DEKKERS: c, a; then e, b, f, d.
+    assert rerank == {("d", "b", "a"): ALI, ("c", "a", "e"): DEKKERS}
+    assert ids(prediction.passages) == ["d", "c", "b", "a"]
+    stats = prediction.stats
+    assert stats["lm_calls"] == 2 + 1 + 1 and stats["retrievals"] == 4 and stats["steps"] == 1
+    assert "[1] D | text d" in lm.requests[-1].inputs["passages"]
+
+
+def test_single_retriever_uses_its_ranking_as_the_pool() -> None:
+    retriever = ListRetriever(CORPUS, TABLE)
+    prediction, _ = run(DiverseRerank(retriever=retriever, pool_k=3, n=2, declare_top=1))
+    pool = next(e for e in prediction.trace if e["stage"] == "pool")["passage_ids"]
+    assert pool == ["a", "b", "c"]
+    assert ids(prediction.passages) == ["b", "c"]  # ALI: b, a, c; DEKKERS: c, a, b -> b, c
+
+
+def test_lm_rerank_scores_every_pool_passage_per_knowledge_query() -> None:
+    retriever = ListRetriever(CORPUS, {QUESTION: ["a", "b", "c", "d", "e"]})
+    program = DiverseRerank(retriever=retriever, pool_k=5, declare_top=1, n=3, rerank_by="lm")
+    prediction, lm = run(program)
+    scores = [r for r in lm.requests if "score" in r.output_fields]
+    assert len(scores) == 2 * 5 and prediction.stats["lm_calls"] == 1 + 1 + 10 + 1
+    assert prediction.stats["retrievals"] == 1
+    # ALI: a9 e7 c5 b2 d0; DEKKERS: b8 d6 c3 e1 a0 -> a, b, e
+    assert ids(prediction.passages) == ["a", "b", "e"]
+
+
+def test_declare_top_zero_summarizes_without_reading_documents() -> None:
+    prediction, lm = run(DiverseRerank(retriever=ListRetriever(CORPUS, TABLE), declare_top=0))
+    assert not any("required_knowledge" in r.output_fields for r in lm.requests)
+    summarize = next(r for r in lm.requests if "first_knowledge" in r.output_fields)
+    assert summarize.inputs["declarations"] in ("[]", "N/A")
+    assert prediction.stats["lm_calls"] == 2
+
+
+def test_unparsable_summary_falls_back_to_the_question_and_is_recorded() -> None:
+    def reply(request):
+        if "first_knowledge" in request.output_fields:
+            return "no summary"
+        return responder(request)
+
+    retriever = ListRetriever(CORPUS, TABLE)
+    prediction, _ = run(DiverseRerank(retriever=retriever, n=2), reply=reply)
+    assert [f["stage"] for f in prediction.trace if "fallback" in f] == ["knowledge_summarize"]
+    assert retriever.queries == [QUESTION, QUESTION, QUESTION]
+    assert ids(prediction.passages) == ["a", "b"]
+
+
+def test_empty_pool_still_answers() -> None:
+    prediction, lm = run(DiverseRerank(retriever=ListRetriever(CORPUS)))
+    assert prediction.stats["lm_calls"] == 1 and prediction.stats["empty_retrievals"] == 1
+    assert prediction.passages == [] and prediction.answer == "Ramon Dekkers"
+    assert [r.output_fields for r in lm.requests] == [["answer"]]
+
+
+def test_second_retriever_failure_names_the_question() -> None:
+    broken = ListRetriever(CORPUS, error=ConnectionError("dense index unreachable"))
+    program = DiverseRerank(retriever=ListRetriever(CORPUS, TABLE), second_retriever=broken)
+    with pytest.raises(RetrievalError, match=r"Ramon Dekkers.*dense index unreachable"):
+        run(program)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [{"pool_k": 0}, {"declare_top": -1}, {"n": 0}, {"rerank_by": "cross-encoder"}, {"rerank_depth": 0}],
+)
+def test_bad_knobs_are_refused(knobs) -> None:
+    with pytest.raises(ConfigError):
+        DiverseRerank(retriever=ListRetriever(CORPUS), **knobs)
+
+
+def test_search_space_samples_valid_knobs() -> None:
+    optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    for _ in range(5):
+        knobs = DiverseRerank.search_space(study.ask())
+        assert set(knobs) <= set(DiverseRerank.KNOBS)
+        DiverseRerank(retriever=ListRetriever(CORPUS), **knobs)
