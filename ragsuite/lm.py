@@ -93,7 +93,7 @@ def parse_lm_spec(spec: str, *, api_base: str | None = None, api_key_env: str | 
     if spec.startswith("vllm:"):
         rest = spec[len("vllm:") :]
         name, url = rest, None
-        match = re.search(r"@(https?://\S+)$", rest)
+        match = re.search(r"@([A-Za-z][\w+.-]*://\S+)$", rest)
         if match:
             name, url = rest[: match.start()], match.group(1)
         if not name:

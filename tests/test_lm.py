@@ -1,0 +1,142 @@
+"""LM specs, keys from the environment, endpoint checks, per-stage LMs and redaction."""
+
+from __future__ import annotations
+
+import socket
+
+import dspy
+import pytest
+
+from ragsuite.errors import ConfigError
+from ragsuite.lm import (
+    PLACEHOLDER_KEY,
+    LMEndpointError,
+    build_lm,
+    check_endpoint,
+    parse_lm_spec,
+    parse_stage_lms,
+    redact,
+    set_stage_lms,
+    strip_credentials,
+)
+from ragsuite.testing.openai_server import LocalOpenAIServer
+from ragsuite.testing.scripted import ScriptedLM
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_openai_spec_needs_its_key_from_the_environment(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY is not set"):
+        build_lm("openai/gpt-4o-mini")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-abcdefghijklmnop")
+    lm = build_lm("openai/gpt-4o-mini", max_tokens=256, timeout=30, retries=5)
+    assert lm.model == "openai/gpt-4o-mini"
+    assert lm.kwargs["api_key"] == "sk-test-abcdefghijklmnop"
+    assert lm.kwargs["temperature"] == 0.1
+    assert lm.kwargs["timeout"] == 30
+    assert lm.num_retries == 5
+    assert "api_key" not in lm.dump_state()
+
+
+def test_vllm_shorthand_and_api_base(monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-real-openai-key-000000")
+    spec = parse_lm_spec("vllm:meta-llama/Llama-3.1-8B-Instruct@http://gpu:8001/v1")
+    assert (spec.model, spec.api_base) == ("openai/meta-llama/Llama-3.1-8B-Instruct", "http://gpu:8001/v1")
+    assert parse_lm_spec("vllm:qwen").api_base == "http://127.0.0.1:8000/v1"
+    assert parse_lm_spec("vllm:qwen", api_base="http://h:9/v1/").api_base == "http://h:9/v1"
+    lm = build_lm("openai/qwen", api_base="http://h:9/v1")
+    # A keyless local server gets a placeholder; the OpenAI key never goes to another endpoint.
+    assert lm.kwargs["api_key"] == PLACEHOLDER_KEY
+    assert lm.kwargs["api_base"] == "http://h:9/v1"
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-secret-123")
+    assert build_lm("vllm:qwen").kwargs["api_key"] == "vllm-secret-123"
+    monkeypatch.setenv("MY_GATEWAY_KEY", "gw-secret-456")
+    assert build_lm("vllm:qwen", api_key_env="MY_GATEWAY_KEY").kwargs["api_key"] == "gw-secret-456"
+    with pytest.raises(ConfigError, match="UNSET_KEY_VAR is not set"):
+        build_lm("vllm:qwen", api_key_env="UNSET_KEY_VAR")
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", "empty"),
+        ("gpt-4o", "not PROVIDER/MODEL"),
+        ("openai/", "not PROVIDER/MODEL"),
+        ("vllm:", "names no model"),
+        ("vllm:x@ftp://h/v1", "not an http"),
+    ],
+)
+def test_bad_specs(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_lm_spec(spec)
+
+
+def test_conflicting_servers_and_bad_urls():
+    with pytest.raises(ConfigError, match="different servers"):
+        parse_lm_spec("vllm:x@http://a:1/v1", api_base="http://b:2/v1")
+    with pytest.raises(ConfigError, match="not an http"):
+        parse_lm_spec("openai/x", api_base="localhost:8000")
+    assert strip_credentials("http://user:pw@h:8000/v1?token=abc") == "http://h:8000/v1"
+
+
+def test_check_endpoint_reports_unreachable_and_unknown_models():
+    with pytest.raises(LMEndpointError, match="cannot reach the LM server"):
+        check_endpoint(parse_lm_spec(f"vllm:x@http://127.0.0.1:{free_port()}/v1"), timeout=2)
+    with LocalOpenAIServer(lambda r: {"answer": "a"}, model="llama-8b") as server:
+        assert check_endpoint(parse_lm_spec("openai/llama-8b", api_base=server.api_base)) == ["llama-8b"]
+        with pytest.raises(LMEndpointError, match="does not serve model 'llama-70b'; it serves: llama-8b"):
+            build_lm("openai/llama-70b", api_base=server.api_base, check=True)
+    assert check_endpoint(parse_lm_spec("anthropic/claude")) == []  # provider endpoints are not probed
+
+
+class TwoStages(dspy.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.route = dspy.Predict("question -> label")
+        self.answer = dspy.ChainOfThought("question -> answer")
+
+    def forward(self, question: str) -> dspy.Prediction:
+        label = self.route(question=question).label
+        return dspy.Prediction(label=label, answer=self.answer(question=question).answer)
+
+
+def test_set_stage_lms_routes_each_stage_to_its_lm():
+    small = ScriptedLM(lambda r: {"label": "small", "answer": "from-small"})
+    large = ScriptedLM(lambda r: {"label": "large", "answer": "from-large"})
+    program = TwoStages()
+    assert set_stage_lms(program, {"answer": large}) == {"answer": ["answer.predict"]}
+    with dspy.context(lm=small):
+        prediction = program(question="q")
+    assert (prediction.label, prediction.answer) == ("small", "from-large")
+    assert len(small.requests) == 1 and len(large.requests) == 1
+    with pytest.raises(ConfigError, match=r"no stage 'filter'; its stages are: answer, route"):
+        set_stage_lms(program, {"filter": small})
+
+
+def test_parse_stage_lms():
+    assert parse_stage_lms(["route=vllm:small", "answer = openai/gpt-4o"]) == {
+        "route": "vllm:small",
+        "answer": "openai/gpt-4o",
+    }
+    with pytest.raises(ConfigError, match="STAGE=SPEC"):
+        parse_stage_lms(["route"])
+    with pytest.raises(ConfigError, match="twice"):
+        parse_stage_lms(["route=a/b", "route=c/d"])
+
+
+def test_redact(monkeypatch):
+    monkeypatch.setenv("SOME_SERVICE_API_KEY", "plain-secret-value")
+    text = (
+        "key plain-secret-value rejected; header Authorization: Bearer abcdefghijklmnop; "
+        'token sk-proj-ABCDEFGHIJKLMNOP1234 and {"api_key": "zzzzzzzzzz"} but answer 42 stays'
+    )
+    cleaned = redact(text)
+    for secret in ("plain-secret-value", "abcdefghijklmnop", "sk-proj-ABCDEFGHIJKLMNOP1234", "zzzzzzzzzz"):
+        assert secret not in cleaned
+    assert "answer 42 stays" in cleaned and "Bearer ***" in cleaned
