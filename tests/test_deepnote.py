@@ -629,3 +629,37 @@ def test_deepnote_with_the_library_filter_stage() -> None:
     assert init["passage_ids"] == ["p0"]
     assert steps(prediction)[0]["passage_ids"] == ["p7"]
     assert prediction.stats["lm_calls"] == 1 + 1 + 1 + 3 + 1  # filter, init, filter, step, answer
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        (
+            "[[ ## queries ## ]]\n1. Who was Anna's father?\n2. Where did he die?\n\n[[ ## completed ## ]]",
+            None,
+        ),
+        ('{"queries": "- Who was Anna\'s father?\\n- Where did he die?"}', None),
+        ('{"queries": ["Who was Anna\'s father?", "Where did he die?"]}', None),
+        ("I would search for her father.", []),
+        ("[[ ## answer ## ]]\nStettin", []),
+    ],
+)
+def test_salvage_queries(reply: str, expected: list[str] | None) -> None:
+    from ragsuite.programs.deepnote import salvage_queries
+
+    wanted = ["Who was Anna's father?", "Where did he die?"] if expected is None else expected
+    assert salvage_queries(reply) == wanted
+
+
+def test_numbered_query_list_is_read_instead_of_discarded() -> None:
+    corpus, results = fresh_passages()
+    retriever = ListRetriever(corpus, results)
+    numbered = Raw(
+        "[[ ## queries ## ]]\n1. Who was Anna's father?\n2. Where did he die?\n\n[[ ## completed ## ]]"
+    )
+    prediction = run(DeepNote(retriever=retriever, max_step=1), Script(queries=[numbered]))
+    step = steps(prediction)[0]
+    assert step["queries"] == ["Who was Anna's father?", "Where did he die?"]
+    assert step["queries_salvaged"] is True
+    assert retriever.queries[1] == f"Who was Anna's father?\nWhere did he die?\n{QUESTION}"
+    assert prediction.stats["fallbacks"] == 0

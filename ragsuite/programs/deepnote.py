@@ -15,14 +15,24 @@ The loop follows the paper (DeepNote §3) and the official code:
       best note) or rejects it (one more failure; failures are cumulative, not consecutive);
    f. stop once failures reach ``max_failure``.
 3. Answer from the best note with the task's answer signature.
+
+LM-output fallbacks (each recorded in the trace and counted in ``stats["fallbacks"]``): an unparsable
+QueryRefine gives no new query (the step retrieves for the question alone) unless its ``queries`` field
+holds a plain numbered list, which is read as the queries; an unparsable NoteUpdate fails the step without
+a NoteCompare call; an unparsable NoteCompare means "not better"; an unparsable NoteInit keeps the
+passages themselves as the note; an unparsable answer is empty.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import dspy
+from dspy.utils.exceptions import AdapterParseError
 
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, RunLedger, register
@@ -43,6 +53,49 @@ MAX_QUERY_CHARS = 500
 QUERY_REFINE_FALLBACK: dict[str, Any] = {"queries": []}
 #: Unparsable NoteCompare output: the update is not better (a failure).
 NOTE_COMPARE_FALLBACK: dict[str, Any] = {"better": False}
+
+
+_HEADER = re.compile(r"\[\[ ## (\w+) ## \]\]")
+_BULLET = re.compile(r"^\s*(?:\d+[.):]|[-*\u2022])\s*")
+
+
+def salvage_queries(response: str) -> list[str]:
+    """Queries from a QueryRefine reply whose ``queries`` field is not a JSON list: the field's text (the
+    ``[[ ## queries ## ]]`` section, or a JSON object's ``queries`` value) split into lines, numbering and
+    bullets removed. A reply without a ``queries`` field gives ``[]``."""
+    text = str(response or "")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and "queries" in data:
+        value = data["queries"]
+        if isinstance(value, list):
+            return [str(q).strip() for q in value if str(q).strip()]
+        text = str(value)
+    else:
+        parts = _HEADER.split(text)
+        sections = dict(zip(parts[1::2], parts[2::2], strict=False))
+        if "queries" not in sections:
+            return []  # free prose is not taken for queries
+        text = sections["queries"]
+    lines = (_BULLET.sub("", line).strip().strip('"').strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith(("[", "{", "]", "}"))]
+
+
+def _salvage_refine(predictor: Callable[..., dspy.Prediction]) -> Callable[..., dspy.Prediction]:
+    """Wrap QueryRefine so that a numbered or bulleted list of queries is read rather than discarded."""
+
+    def call(**inputs: Any) -> dspy.Prediction:
+        try:
+            return predictor(**inputs)
+        except AdapterParseError as exc:
+            queries = salvage_queries(exc.lm_response)
+            if not queries:
+                raise
+            return dspy.Prediction(queries=queries, salvaged=True)
+
+    return call
 
 
 def _normalize(query: str) -> str:
@@ -142,7 +195,7 @@ class DeepNote(RAGProgram):
         prediction = self.call_stage(
             ledger,
             "query_refine",
-            self.query_refine,
+            _salvage_refine(self.query_refine),
             fallback=QUERY_REFINE_FALLBACK,
             question=question,
             best_note=best_note,
@@ -160,7 +213,7 @@ class DeepNote(RAGProgram):
                 continue
             seen.add(_normalize(query))
             queries.append(query)
-        return {"queries": queries, "repeated": repeated}
+        return {"queries": queries, "repeated": repeated, "salvaged": bool(prediction.get("salvaged"))}
 
     def _update(
         self, ledger: RunLedger, question: str, best_note: str, passages: list[Passage]
@@ -246,6 +299,7 @@ class DeepNote(RAGProgram):
                 step=step,
                 queries=queries,
                 repeated_queries=refined["repeated"],
+                queries_salvaged=refined["salvaged"],
                 retrieval_query=text,
                 retrieved_ids=[p.id for p in retrieved],
                 passage_ids=[p.id for p in kept],
@@ -303,4 +357,4 @@ class AdaptiveNote(DeepNote):
         )
 
 
-__all__ = ["AdaptiveNote", "DeepNote", "retrieval_text"]
+__all__ = ["AdaptiveNote", "DeepNote", "retrieval_text", "salvage_queries"]
