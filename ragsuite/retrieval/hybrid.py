@@ -1,0 +1,120 @@
+"""Several retrievers merged into one: alternating picks (LiveRAG's sparse+dense merge) or reciprocal rank
+fusion. Members are queried concurrently."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+
+from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.retrieval.base import Passage, Retriever
+from ragsuite.retrieval.merge import interleave, rrf
+
+log = logging.getLogger("ragsuite.retrieval.hybrid")
+
+T = TypeVar("T")
+MergeMode = Literal["interleave", "rrf"]
+
+
+class HybridRetriever:
+    """Query several retrievers for the same query and merge their ranked lists.
+
+    Args:
+        retrievers: The member retrievers, in priority order (interleave takes the first one's best first).
+        mode: ``"interleave"`` alternates picks from each list, keeping each list's order and skipping
+            duplicates; ``"rrf"`` ranks by reciprocal rank fusion, sum of ``1 / (rrf_k + rank)``.
+        rrf_k: The RRF constant.
+        depth: How many passages to ask each member for; ``max(k, depth)`` is used, so by default ``k``.
+            Deeper member lists give RRF more evidence to fuse.
+
+    Example:
+        >>> from ragsuite.retrieval.bm25 import BM25Retriever
+        >>> from ragsuite.retrieval.colbert.client import ColBERTv2Client
+        >>> hybrid = HybridRetriever(
+        ...     [BM25Retriever.from_dataset("hotpotqa"), ColBERTv2Client("http://127.0.0.1:8893/api/search")],
+        ...     mode="rrf",
+        ... )
+        >>> passages = hybrid("Who directed Jaws?", 5)
+    """
+
+    def __init__(
+        self,
+        retrievers: Sequence[Retriever],
+        *,
+        mode: MergeMode = "interleave",
+        rrf_k: int = 60,
+        depth: int | None = None,
+    ) -> None:
+        if not retrievers:
+            raise ConfigError("HybridRetriever needs at least one member retriever")
+        if mode not in ("interleave", "rrf"):
+            raise ConfigError(f"mode must be 'interleave' or 'rrf', not {mode!r}")
+        if rrf_k < 0:
+            raise ConfigError(f"rrf_k must be >= 0, not {rrf_k}")
+        if depth is not None and depth < 1:
+            raise ConfigError(f"depth must be >= 1, not {depth}")
+        self.retrievers = list(retrievers)
+        self.mode: MergeMode = mode
+        self.rrf_k = rrf_k
+        self.depth = depth
+
+    def _merge(self, lists: Sequence[Sequence[Passage]], k: int) -> list[Passage]:
+        if self.mode == "rrf":
+            return rrf(lists, k=self.rrf_k, limit=k)
+        return interleave(lists, limit=k)
+
+    def _fan_out(self, call: Callable[[Retriever], T]) -> list[T]:
+        """Run ``call`` on every member concurrently; the first failure is raised, naming its member."""
+
+        def guarded(index: int, retriever: Retriever) -> T:
+            try:
+                return call(retriever)
+            except RetrievalError:
+                raise
+            except Exception as exc:  # a member that breaks the contract still must not pass silently
+                raise RetrievalError(
+                    f"hybrid member {index} ({type(retriever).__name__}) failed: {exc}"
+                ) from exc
+
+        if len(self.retrievers) == 1:
+            return [guarded(0, self.retrievers[0])]
+        with ThreadPoolExecutor(max_workers=len(self.retrievers), thread_name_prefix="hybrid") as pool:
+            futures = [
+                pool.submit(contextvars.copy_context().run, guarded, i, r)
+                for i, r in enumerate(self.retrievers)
+            ]
+            return [f.result() for f in futures]
+
+    def _depth(self, k: int) -> int:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"k must be a positive integer, not {k!r}")
+        return max(k, self.depth or 0)
+
+    def __call__(self, query: str, k: int) -> list[Passage]:
+        depth = self._depth(k)
+        return self._merge(self._fan_out(lambda r: r(query, depth)), k)
+
+    def batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        depth = self._depth(k)
+        queries = list(queries)
+        per_member = self._fan_out(lambda r: r.batch(queries, depth))
+        for i, lists in enumerate(per_member):
+            if len(lists) != len(queries):
+                raise RetrievalError(
+                    f"hybrid member {i} returned {len(lists)} result lists for {len(queries)} queries"
+                )
+        return [self._merge([lists[q] for lists in per_member], k) for q in range(len(queries))]
+
+    def describe(self) -> dict[str, Any]:
+        members = [r.describe() for r in self.retrievers]
+        return {
+            "kind": "hybrid",
+            "spec": f"hybrid:{self.mode}:" + "+".join(str(m.get("spec", "?")) for m in members),
+            "mode": self.mode,
+            "rrf_k": self.rrf_k,
+            "depth": self.depth,
+            "members": members,
+        }

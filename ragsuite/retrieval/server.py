@@ -1,0 +1,316 @@
+"""Serve any :class:`~ragsuite.retrieval.base.Retriever` over the ColBERTv2 server protocol.
+
+Endpoints:
+    ``GET  /api/search?query=Q&k=K``            -> ``{"query", "latency", "topk": [{"text", "pid", "rank",
+                                                   "score", "prob", "id", "title"}, ...]}``
+    ``POST /api/search {"query": Q, "k": K}``   -> the same
+    ``POST /api/search {"queries": [...], "k": K}`` -> ``{"results": [{"query", "topk"}, ...], "latency"}``
+    ``GET  /health``                            -> ``{"status": "ok", "retriever": {...}, "max_k": ...}``
+
+Errors are ``{"error": true, "message": ...}`` with a 4xx status for bad requests (missing query, bad or
+too-large k, oversized query or body) and 500 when the retriever fails. ``text`` is ``"title | body"`` as the
+upstream servers send it, so ``dspy.ColBERTv2`` works unchanged; ``id`` and ``title`` are extras that keep
+passage ids and titles exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import urllib.parse
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ragsuite.errors import ConfigError
+from ragsuite.retrieval.base import Passage, Retriever
+
+log = logging.getLogger("ragsuite.retrieval.server")
+
+SEARCH_PATH = "/api/search"
+HEALTH_PATH = "/health"
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _topk(passages: Sequence[Passage]) -> list[dict[str, Any]]:
+    """The protocol's passage records; ``prob`` is the softmax of the scores, as the upstream server sends."""
+    scores = [float(p.score) for p in passages]
+    top = max(scores, default=0.0)
+    weights = [math.exp(s - top) if math.isfinite(s) else 0.0 for s in scores]
+    total = sum(weights) or 1.0
+    return [
+        {
+            "text": p.render(),
+            "pid": p.id,
+            "rank": rank,
+            "score": p.score,
+            "prob": w / total,
+            "id": p.id,
+            "title": p.title,
+            # dspy.ColBERTv2 reads long_text from POST replies (its GET path adds it itself).
+            "long_text": p.render(),
+        }
+        for rank, (p, w) in enumerate(zip(passages, weights, strict=True), 1)
+    ]
+
+
+class RetrieverServer:
+    """A threaded HTTP server answering ColBERT-protocol searches with ``retriever``.
+
+    Args:
+        retriever: Any retriever (thread-safe, as the protocol requires).
+        host: Interface to bind; loopback by default. Bind to ``0.0.0.0`` only on a trusted network: there is
+            no authentication.
+        port: TCP port; 0 picks a free one (see :attr:`port` after :meth:`start`).
+        max_k: Largest k served; larger requests get HTTP 400 with an explanation.
+        default_k: k when a request names none.
+        max_query_chars: Longer queries get HTTP 413.
+        max_batch: Most queries in one batched POST (more get HTTP 413).
+        max_body_bytes: Largest POST body accepted (larger gets HTTP 413).
+        request_timeout: Seconds a connection may stay idle before the server drops it.
+
+    Example:
+        >>> from ragsuite.retrieval.bm25 import BM25Retriever
+        >>> with RetrieverServer(BM25Retriever.from_dataset("hotpotqa")) as server:
+        ...     print(server.url)  # http://127.0.0.1:PORT/api/search
+    """
+
+    def __init__(
+        self,
+        retriever: Retriever,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_k: int = 100,
+        default_k: int = 10,
+        max_query_chars: int = 2000,
+        max_batch: int = 256,
+        max_body_bytes: int = 1_000_000,
+        request_timeout: float = 30.0,
+    ) -> None:
+        default_k = min(default_k, max_k)
+        if max_k < 1 or default_k < 1:
+            raise ConfigError(f"need 1 <= default_k <= max_k, got default_k={default_k}, max_k={max_k}")
+        if max_query_chars < 1 or max_batch < 1 or max_body_bytes < 1:
+            raise ConfigError("max_query_chars, max_batch and max_body_bytes must be positive")
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, not {port}")
+        self.retriever = retriever
+        self.host = host
+        self.max_k = max_k
+        self.default_k = default_k
+        self.max_query_chars = max_query_chars
+        self.max_batch = max_batch
+        self.max_body_bytes = max_body_bytes
+        self.request_timeout = request_timeout
+        self._requested_port = port
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def bind(self) -> ThreadingHTTPServer:
+        """Create the listening socket (idempotent)."""
+        if self._httpd is None:
+            handler = type("_Handler", (_Handler,), {"app": self, "timeout": self.request_timeout})
+            try:
+                httpd = ThreadingHTTPServer((self.host, self._requested_port), handler)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {self.host}:{self._requested_port}: {exc}") from exc
+            httpd.daemon_threads = True
+            self._httpd = httpd
+        return self._httpd
+
+    @property
+    def port(self) -> int:
+        return self.bind().server_address[1]
+
+    @property
+    def url(self) -> str:
+        """The search endpoint, for :class:`ColBERTv2Client` or ``dspy.ColBERTv2(url=...)``."""
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}{SEARCH_PATH}"
+
+    def start(self) -> RetrieverServer:
+        """Serve in a background daemon thread."""
+        httpd = self.bind()
+        if self._thread is None:
+            self._thread = threading.Thread(target=httpd.serve_forever, name="retriever-server", daemon=True)
+            self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until :meth:`stop` or KeyboardInterrupt."""
+        try:
+            self.bind().serve_forever()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            if self._thread is not None:
+                self._httpd.shutdown()
+                self._thread.join(timeout=5)
+            self._httpd.server_close()
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> RetrieverServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- request handling (called from handler threads) ---------------------------------------------------
+
+    def parse_k(self, raw: Any) -> int:
+        if raw is None or raw == "":
+            return self.default_k
+        if isinstance(raw, bool):
+            raise _BadRequest(400, f"k must be an integer, not {raw!r}")
+        try:
+            k = int(raw)
+        except (TypeError, ValueError):
+            raise _BadRequest(400, f"k must be an integer, not {raw!r}") from None
+        if isinstance(raw, float) and raw != k:
+            raise _BadRequest(400, f"k must be an integer, not {raw!r}")
+        if k < 1:
+            raise _BadRequest(400, f"k must be >= 1, not {k}")
+        if k > self.max_k:
+            raise _BadRequest(400, f"k={k} is above this server's limit of {self.max_k}")
+        return k
+
+    def check_query(self, query: Any) -> str:
+        if not isinstance(query, str) or not query.strip():
+            raise _BadRequest(400, "a non-empty 'query' is required")
+        if len(query) > self.max_query_chars:
+            raise _BadRequest(
+                413, f"query has {len(query)} characters; this server accepts at most {self.max_query_chars}"
+            )
+        return query
+
+    def search(self, query: str, k: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        passages = self.retriever(query, k)
+        return {"query": query, "topk": _topk(passages[:k]), "latency": round(time.perf_counter() - start, 6)}
+
+    def search_batch(self, queries: Any, k: int) -> dict[str, Any]:
+        if not isinstance(queries, list) or not queries:
+            raise _BadRequest(400, "'queries' must be a non-empty list of strings")
+        if len(queries) > self.max_batch:
+            raise _BadRequest(
+                413, f"{len(queries)} queries in one request; this server accepts at most {self.max_batch}"
+            )
+        queries = [self.check_query(q) for q in queries]
+        start = time.perf_counter()
+        results = self.retriever.batch(queries, k)
+        if len(results) != len(queries):
+            raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
+        return {
+            "results": [{"query": q, "topk": _topk(r[:k])} for q, r in zip(queries, results, strict=True)],
+            "latency": round(time.perf_counter() - start, 6),
+        }
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "retriever": self.retriever.describe(),
+            "max_k": self.max_k,
+            "max_query_chars": self.max_query_chars,
+            "max_batch": self.max_batch,
+        }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    app: RetrieverServer
+    protocol_version = "HTTP/1.1"
+    server_version = "ragsuite-retriever"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _fail(self, status: int, message: str) -> None:
+        self._send(status, {"error": True, "message": message})
+
+    def _dispatch(self, action: Any) -> None:
+        try:
+            self._send(200, action())
+        except _BadRequest as exc:
+            self._fail(exc.status, str(exc))
+        except Exception as exc:  # the retriever failed: report it, keep serving
+            log.exception("retriever failed while serving %s", self.path)
+            self._fail(500, f"retriever failed: {type(exc).__name__}: {exc}")
+
+    def do_GET(self) -> None:
+        parts = urllib.parse.urlsplit(self.path)
+        path = parts.path.rstrip("/") or "/"
+        if path == HEALTH_PATH:
+            self._dispatch(self.app.health)
+            return
+        if path != SEARCH_PATH:
+            self._fail(404, f"no such endpoint {path!r}; use {SEARCH_PATH} or {HEALTH_PATH}")
+            return
+        params = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+
+        def action() -> dict[str, Any]:
+            query = self.app.check_query((params.get("query") or [None])[0])
+            return self.app.search(query, self.app.parse_k((params.get("k") or [None])[0]))
+
+        self._dispatch(action)
+
+    def do_POST(self) -> None:
+        path = urllib.parse.urlsplit(self.path).path.rstrip("/")
+        if path != SEARCH_PATH:
+            self._fail(404, f"no such endpoint {path!r}; POST to {SEARCH_PATH}")
+            return
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            self.close_connection = True
+            self._fail(411, "POST needs a Content-Length header")
+            return
+        try:
+            length = int(length_header)
+        except ValueError:
+            self.close_connection = True
+            self._fail(400, f"bad Content-Length {length_header!r}")
+            return
+        if length < 0 or length > self.app.max_body_bytes:
+            # Do not read an oversized body; drop the connection after replying.
+            self.close_connection = True
+            self._fail(
+                413, f"request body of {length} bytes; this server accepts at most {self.app.max_body_bytes}"
+            )
+            return
+        raw = self.rfile.read(length)
+
+        def action() -> dict[str, Any]:
+            try:
+                payload = json.loads(raw or b"null")
+            except ValueError:
+                raise _BadRequest(400, "request body is not valid JSON") from None
+            if not isinstance(payload, dict):
+                raise _BadRequest(400, 'request body must be a JSON object: {"query": ..., "k": ...}')
+            k = self.app.parse_k(payload.get("k"))
+            if "queries" in payload:
+                return self.app.search_batch(payload["queries"], k)
+            return self.app.search(self.app.check_query(payload.get("query")), k)
+
+        self._dispatch(action)

@@ -1,0 +1,199 @@
+"""The retriever server end to end: our client and dspy.ColBERTv2 against RetrieverServer, bad requests,
+concurrency and error replies."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import urllib.parse
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import dspy
+import pytest
+
+from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.retrieval.base import Passage
+from ragsuite.retrieval.colbert.client import ColBERTv2Client
+from ragsuite.retrieval.server import RetrieverServer
+
+CORPUS = [
+    Passage("p1", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),
+    Passage("p2", "Oder", "The Oder is a river in Central Europe flowing past Szczecin."),
+    Passage("p3", "Szczecin", "Szczecin, formerly Stettin, is a city on the Oder river."),
+    Passage("p4", "A | B", "A title containing the separator; body mentions Shakespeare once."),
+    Passage("p5", "", "An untitled passage about the river Thames and London."),
+]
+
+
+class WordRetriever:
+    """Ranks CORPUS by the number of query words a passage contains; thread-safe and deterministic."""
+
+    def __init__(self, corpus: Sequence[Passage] = CORPUS) -> None:
+        self.corpus = list(corpus)
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, query: str, k: int) -> list[Passage]:
+        with self._lock:
+            self.calls += 1
+        words = {w.strip(".,?").lower() for w in query.split()}
+        scored = []
+        for p in self.corpus:
+            text = {w.strip(".,?").lower() for w in p.render().split()}
+            overlap = len(words & text)
+            if overlap:
+                scored.append(p.with_score(float(overlap)))
+        scored.sort(key=lambda p: -p.score)
+        return scored[:k]
+
+    def batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        return [self(q, k) for q in queries]
+
+    def describe(self) -> dict:
+        return {"kind": "words", "spec": "words"}
+
+
+class FailingRetriever(WordRetriever):
+    def __call__(self, query: str, k: int) -> list[Passage]:
+        raise RetrievalError("index is corrupt")
+
+
+@pytest.fixture()
+def server():
+    with RetrieverServer(WordRetriever(), max_query_chars=200, max_batch=8, max_body_bytes=4000) as srv:
+        yield srv
+
+
+def _raw(server: RetrieverServer, method: str, path: str, body: bytes | None = None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_client_round_trip_splits_title_and_keeps_ids(server):
+    client = ColBERTv2Client(server.url, retries=0)
+    passages = client("Who wrote Hamlet, Shakespeare?", 3)
+    assert [p.id for p in passages] == ["p1", "p4"]
+    assert passages[0] == Passage("p1", "Hamlet", CORPUS[0].text, score=2.0)
+    # The title containing " | " survives because the server names the title explicitly.
+    assert passages[1].title == "A | B" and passages[1].text == CORPUS[3].text
+    assert client("Thames", 5)[0] == Passage("p5", "", CORPUS[4].text, score=1.0)
+    assert client("zebra", 5) == []  # nothing matched is an empty list, not an error
+
+
+def test_protocol_fields_match_upstream_server(server):
+    status, reply = _raw(
+        server, "GET", "/api/search?" + urllib.parse.urlencode({"query": "oder river stettin", "k": 2})
+    )
+    assert status == 200
+    topk = reply["topk"]
+    assert [t["rank"] for t in topk] == [1, 2]
+    assert topk[0]["text"] == "Szczecin | Szczecin, formerly Stettin, is a city on the Oder river."
+    assert set(topk[0]) >= {"text", "pid", "rank", "score", "prob"}
+    assert abs(sum(t["prob"] for t in topk) - 1.0) < 1e-9
+    assert topk[0]["prob"] >= topk[1]["prob"]
+
+
+def test_dspy_colbertv2_get_and_post(server):
+    for post in (False, True):
+        rm = dspy.ColBERTv2(url=server.url, post_requests=post)
+        hits = rm("Hamlet Shakespeare tragedy", k=2)
+        assert hits[0]["pid"] == "p1"
+        assert hits[0]["text"].startswith("Hamlet | ")
+        assert rm("Hamlet Shakespeare tragedy", k=2, simplify=True)[0].startswith("Hamlet | ")
+
+
+def test_batch_post_and_fallback(server):
+    client = ColBERTv2Client(server.url, retries=0)
+    results = client.batch(["Hamlet", "Oder", "zebra"], 2)
+    assert [[p.id for p in r] for r in results] == [["p1"], ["p2", "p3"], []]
+    assert client._batch_supported is True
+    get_client = ColBERTv2Client(server.url, retries=0, method="get")
+    assert [[p.id for p in r] for r in get_client.batch(["Hamlet", "Oder"], 2)] == [["p1"], ["p2", "p3"]]
+    post_client = ColBERTv2Client(server.url, retries=0, method="post")
+    assert [p.id for p in post_client("Szczecin Stettin", 1)] == ["p3"]
+
+
+def test_health(server):
+    health = ColBERTv2Client(server.url).health()
+    assert health["status"] == "ok" and health["max_k"] == 100
+    assert health["retriever"]["spec"] == "words"
+
+
+def test_bad_k_and_oversized_requests(server):
+    base = "/api/search?"
+    assert _raw(server, "GET", base + "query=x&k=101")[0] == 400
+    status, reply = _raw(server, "GET", base + "query=x&k=zero")
+    assert status == 400 and reply["error"] is True and "integer" in reply["message"]
+    assert _raw(server, "GET", base + "query=x&k=0")[0] == 400
+    assert _raw(server, "GET", base + "k=3")[0] == 400  # no query
+    assert _raw(server, "GET", base + urllib.parse.urlencode({"query": "x" * 201}))[0] == 413
+    assert _raw(server, "POST", "/api/search", b"{not json", {"Content-Type": "application/json"})[0] == 400
+    assert _raw(server, "POST", "/api/search", json.dumps({"queries": ["a"] * 9, "k": 1}).encode())[0] == 413
+    assert _raw(server, "POST", "/api/search", json.dumps({"query": "y" * 3000}).encode())[0] == 413  # body
+    assert _raw(server, "POST", "/api/search", json.dumps({"queries": "Hamlet"}).encode())[0] == 400
+    assert _raw(server, "GET", "/nowhere")[0] == 404
+    # Still serving after all of that.
+    assert _raw(server, "GET", base + "query=Hamlet&k=1")[0] == 200
+
+
+def test_client_explains_k_limit_before_sending(server):
+    client = ColBERTv2Client(server.url, retries=0)
+    with pytest.raises(ConfigError, match="k <= 100"):
+        client("Hamlet", 101)
+    with pytest.raises(ConfigError):
+        client("Hamlet", 0)
+    with pytest.raises(ConfigError):
+        client("   ", 3)
+    assert server.retriever.calls == 0
+    # A server with a lower cap answers 400, which the client reports (no retry, no empty list).
+    with RetrieverServer(WordRetriever(), max_k=5) as small:
+        with pytest.raises(RetrievalError, match="limit of 5"):
+            ColBERTv2Client(small.url, retries=3, backoff=5.0)("Hamlet", 6)
+
+
+def test_concurrent_clients(server):
+    client = ColBERTv2Client(server.url, retries=0)
+    queries = [("Hamlet", "p1"), ("Thames London", "p5"), ("Stettin", "p3")] * 40
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(lambda qa: client(qa[0], 3)[0].id, queries))
+    assert results == [pid for _, pid in queries]
+    assert server.retriever.calls == len(queries)
+
+
+def test_retriever_error_becomes_500_and_retrieval_error():
+    with RetrieverServer(FailingRetriever()) as srv:
+        status, reply = _raw(srv, "GET", "/api/search?query=Hamlet&k=2")
+        assert status == 500 and reply == {
+            "error": True,
+            "message": "retriever failed: RetrievalError: index is corrupt",
+        }
+        client = ColBERTv2Client(srv.url, retries=1, backoff=0.01)
+        with pytest.raises(RetrievalError, match="index is corrupt"):
+            client("Hamlet", 2)
+        with pytest.raises(RetrievalError, match="index is corrupt"):
+            client.batch(["Hamlet", "Oder"], 2)
+
+
+def test_serve_retriever_cli_parses_and_builds(tmp_path):
+    from ragsuite.cli import build_parser
+    from ragsuite.cli.serve_retriever import build_server
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(p.to_dict()) for p in CORPUS) + "\n")
+    args = build_parser().parse_args(
+        ["serve-retriever", "--backend", "bm25", "--corpus", str(corpus), "--port", "0"]
+    )
+    server = build_server(args)
+    with server:
+        client = ColBERTv2Client(server.url, retries=0)
+        assert client("Hamlet Shakespeare tragedy", 1)[0].id == "p1"
+        assert client.health()["retriever"]["kind"] == "bm25"
+    with pytest.raises(ConfigError):
+        build_server(build_parser().parse_args(["serve-retriever", "--backend", "colbert"]))
