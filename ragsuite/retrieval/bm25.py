@@ -173,9 +173,15 @@ class BM25Retriever:
         progress: Show a progress bar while building.
 
     Example:
-        >>> retriever = BM25Retriever.from_dataset("hotpotqa")
-        >>> [p.title for p in retriever("Who directed Pulp Fiction?", k=3)]
-        ['Pulp Fiction', ...]
+        >>> corpus = [
+        ...     Passage("p1", "Stettin", "Stettin is a port city on the Oder."),
+        ...     Passage("p2", "Oder", "The Oder is a river in Central Europe."),
+        ...     Passage("p3", "Baltic Sea", "An arm of the Atlantic."),
+        ... ]
+        >>> retriever = BM25Retriever(corpus, persist=False)
+        >>> [p.id for p in retriever("Which river flows through Stettin?", k=2)]
+        ['p1', 'p2']
+        >>> hotpotqa = BM25Retriever.from_dataset("hotpotqa")  # cached under ragsuite.paths.cache_dir()
     """
 
     def __init__(
