@@ -327,3 +327,18 @@ def test_search_space_samples_valid_knobs() -> None:
         knobs = HANRAG.search_space(study.ask())
         assert set(knobs) == set(HANRAG.KNOBS)
         HANRAG(retriever=ListRetriever(CORPUS), **knobs)
+
+
+def test_per_stage_lm_serves_the_concurrent_filter_calls() -> None:
+    from ragsuite.lm import set_stage_lms
+
+    question = "When was Michael Phelps born? When did he retire?"
+    subs = ["When was Michael Phelps born?", "When did Michael Phelps retire?"]
+    retriever = ListRetriever(CORPUS, {subs[0]: ["phelps-born"], subs[1]: ["phelps-retire", "rigby"]})
+    program = HANRAG(retriever=retriever)
+    small = ScriptedLM(make_responder("compound", sub_questions=subs))
+    set_stage_lms(program, {"filter": small})
+    prediction, main = run(program, question, make_responder("compound", sub_questions=subs))
+    assert stages_called(small) == ["filter"] * 3
+    assert "filter" not in stages_called(main) and len(main.requests) == 1 + 1 + 2 + 1
+    assert [p.id for p in prediction.passages] == ["phelps-born", "phelps-retire"]
