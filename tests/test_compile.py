@@ -1,0 +1,183 @@
+"""compile_program with each DSPy optimizer on a tiny scripted program; metric wrappers; GEPA feedback."""
+
+from __future__ import annotations
+
+import dspy
+import optimizer_toys as toys
+import pytest
+
+from ragsuite.errors import ConfigError
+from ragsuite.optimizers import compile_program, feedback_metric, optimizer_metric, split_dev
+from ragsuite.optimizers.feedback import describe_outcome
+from ragsuite.retrieval.base import Passage
+
+
+@pytest.fixture
+def lm():
+    return toys.scripted_lm()
+
+
+def _program(**knobs):
+    return toys.ToyProgram(retriever=toys.ToyRetriever(), **knobs)
+
+
+def _accuracy(program, examples):
+    return sum(toys.exact(ex, program(question=ex.question)) for ex in examples) / len(examples)
+
+
+def test_bootstrap_collects_demos_from_passing_runs_and_keeps_knobs(lm):
+    program = _program(top_k=5, max_step=2)
+    train = toys.examples()[:4]
+    with dspy.context(lm=lm):
+        compiled = compile_program(
+            program, train, optimizer="bootstrap", metric=toys.exact, max_labeled_demos=0
+        )
+    assert type(compiled) is toys.ToyProgram
+    assert compiled.knobs() == {"top_k": 5, "max_step": 2}
+    assert compiled.retriever is program.retriever
+    demos = dict(compiled.named_predictors())["answer.predict"].demos
+    assert len(demos) == 4
+    assert {d["answer"] for d in demos} == {f"Answer{i}" for i in range(4)}
+    # The caller's program is untouched and the compile is recorded for the saved file.
+    assert all(not p.demos for _, p in program.named_predictors())
+    assert compiled.optimization["optimizer"] == "bootstrap"
+
+
+def test_bootstrap_rejects_failing_runs_as_demos(lm):
+    program = _program(top_k=3, max_step=1)  # never correct: the gold passage is ranked 5th
+    with dspy.context(lm=lm):
+        compiled = compile_program(
+            program, toys.examples()[:4], optimizer="bootstrap", metric=toys.exact, max_labeled_demos=0
+        )
+    assert all(not p.demos for _, p in compiled.named_predictors())
+
+
+def test_bootstrap_random_search_runs(lm):
+    examples = toys.examples()
+    with dspy.context(lm=lm):
+        compiled = compile_program(
+            _program(top_k=5, max_step=2),
+            examples[:4],
+            examples[4:],
+            optimizer="bootstrap-rs",
+            metric=toys.exact,
+            num_candidate_programs=2,
+            threads=1,
+        )
+        assert _accuracy(compiled, examples[4:]) == 1.0
+
+
+def test_mipro_runs_to_completion(lm):
+    examples = toys.examples()
+    with dspy.context(lm=lm):
+        compiled = compile_program(
+            _program(top_k=5, max_step=1),
+            examples[:4],
+            examples[4:],
+            optimizer="mipro",
+            metric=toys.exact,
+            num_candidates=2,
+            num_trials=3,
+            minibatch=False,
+            threads=1,
+        )
+    assert type(compiled) is toys.ToyProgram
+    assert compiled.knobs() == {"top_k": 5, "max_step": 1}
+    # MIPROv2 asked the scripted LM for instruction proposals.
+    assert any("proposed_instruction" in r.output_fields for r in lm.requests)
+
+
+def test_gepa_reflects_with_feedback_and_improves(lm):
+    examples = toys.examples()
+    program = _program(top_k=5, max_step=1)  # wrong (one note only) until the instruction is rewritten
+    with dspy.context(lm=lm):
+        assert _accuracy(program, examples[4:]) == 0.0
+        compiled = compile_program(
+            program,
+            examples[:4],
+            examples[4:],
+            optimizer="gepa",
+            metric=toys.exact,
+            reflection_lm=lm,
+            max_metric_calls=30,
+            threads=1,
+        )
+        assert _accuracy(compiled, examples[4:]) == 1.0
+    instruction = dict(compiled.named_predictors())["answer.predict"].signature.instructions
+    assert instruction.startswith("Scripted new_instruction")
+    # The reflection prompt carried our textual feedback.
+    reflections = [r for r in lm.requests if "new_instruction" in r.output_fields]
+    assert reflections and "missed the gold answer" in reflections[0].user
+    assert "gold passages were retrieved" in reflections[0].user
+
+
+def test_simba_runs_to_completion(lm):
+    with dspy.context(lm=lm):
+        compiled = compile_program(
+            _program(top_k=5, max_step=2),
+            toys.examples()[:4],
+            optimizer="simba",
+            metric=toys.exact,
+            bsize=2,
+            num_candidates=2,
+            max_steps=1,
+            threads=1,
+        )
+    assert compiled.knobs() == {"top_k": 5, "max_step": 2}
+
+
+def test_bad_arguments_are_clear(lm):
+    program = _program()
+    with pytest.raises(ConfigError, match="unknown optimizer"):
+        compile_program(program, toys.examples(), optimizer="adam", metric=toys.exact)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="no option 'bogus'"):
+        compile_program(program, toys.examples(), optimizer="bootstrap", metric=toys.exact, bogus=1)
+    with pytest.raises(ConfigError, match="reflection LM"):
+        compile_program(program, toys.examples(), optimizer="gepa", metric=toys.exact, max_metric_calls=5)
+    with pytest.raises(ConfigError, match="empty"):
+        compile_program(program, [], metric=toys.exact)
+    with pytest.raises(ConfigError, match="metric= or dataset="):
+        compile_program(program, toys.examples())
+
+
+def test_optimizer_metric_is_float_when_scoring_and_bool_under_trace():
+    metric = optimizer_metric(lambda ex, pred, trace=None: 0.5)
+    example = toys.examples()[0]
+    pred = dspy.Prediction(answer="x", trace=[{"stage": "answer"}], passages=[], stats={})
+    assert metric(example, pred) == 0.5 and isinstance(metric(example, pred), float)
+    assert metric(example, pred, []) is False
+    assert optimizer_metric(lambda ex, pred, trace=None: 1.0)(example, pred, [("p", {}, {})]) is True
+
+
+def test_feedback_names_missed_answer_and_retrieval():
+    example = dspy.Example(question="q", answers=["Paris"], gold_passage_ids=["p1", "p2"]).with_inputs(
+        "question"
+    )
+    pred = dspy.Prediction(
+        answer="Lyon",
+        trace=[{"stage": "retrieve", "passage_ids": ["p1", "x"]}],
+        passages=[Passage("x", "", "t")],
+        stats={},
+    )
+    metric = feedback_metric(lambda ex, p, trace=None: float(p.answer in ex.answers))
+    out = metric(example, pred, None, "answer.predict", None)
+    assert out.score == 0.0
+    assert "missed the gold answer 'Paris'" in out.feedback
+    assert "1 of 2 gold passages were retrieved" in out.feedback
+    assert "Never retrieved: p2" in out.feedback
+    assert "Retrieved but not used as evidence: p1" in out.feedback
+    assert out.feedback.startswith("[stage answer.predict]")
+    right = describe_outcome(example, dspy.Prediction(answer="Paris", passages=[], trace=[]), 1.0)
+    assert right.startswith("Correct")
+
+
+def test_split_dev_is_seeded_and_disjoint():
+    examples = toys.examples()
+    train, val = split_dev(examples, train=3, val=4, seed=1)
+    assert len(train) == 3 and len(val) == 4
+    assert not {e.id for e in train} & {e.id for e in val}
+    assert [e.id for e in split_dev(examples, train=3, val=4, seed=1)[0]] == [e.id for e in train]
+    orders = {tuple(e.id for e in split_dev(examples, train=8, val=0, seed=s)[0]) for s in range(4)}
+    assert len(orders) > 1
+    with pytest.raises(ConfigError, match="has 8"):
+        split_dev(examples, train=5, val=5)
