@@ -175,10 +175,9 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
     stage_lms: dict[str, Any] = {}
     stage_public: dict[str, Any] = {}
     for stage, spec in parse_stage_lms(args.stage_lm).items():
-        # A stage LM given as a bare name on the main server reuses --api-base.
-        stage_lms[stage], stage_public[stage] = make(
-            spec, args.api_base if spec.startswith("openai/") else None
-        )
+        # A stage LM named without its own server (openai/NAME, vllm:NAME) is served at --api-base.
+        same_server = spec.startswith("openai/") or (spec.startswith("vllm:") and "@" not in spec)
+        stage_lms[stage], stage_public[stage] = make(spec, args.api_base if same_server else None)
     public = {
         **main_public,
         "temperature": args.temperature,

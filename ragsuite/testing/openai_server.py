@@ -68,6 +68,7 @@ class LocalOpenAIServer:
         api_base: ``http://127.0.0.1:PORT/v1``.
         chat_requests: Chat requests received, faulted ones included.
         question_counts: Chat requests per ``question`` input field (faulted ones included).
+        authorizations: ``Authorization`` header values received, counted (to check which key was sent).
         requests: Parsed requests that were answered (the responder saw them), in arrival order.
     """
 
@@ -88,6 +89,7 @@ class LocalOpenAIServer:
         self.chat_requests = 0
         self.faults_served: list[Fault] = []
         self.question_counts: collections.Counter[str] = collections.Counter()
+        self.authorizations: collections.Counter[str] = collections.Counter()
         self._faults: collections.deque[Fault] = collections.deque()
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
@@ -254,6 +256,8 @@ def _make_handler(server: LocalOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 self._send(413, _error("request body too large", "invalid_request_error"))
                 return
             raw = self.rfile.read(length)
+            with server._lock:
+                server.authorizations[self.headers.get("Authorization") or ""] += 1
             if path not in ("/v1/chat/completions", "/chat/completions"):
                 self._send(404, _error(f"no route {path}", "not_found"))
                 return

@@ -1,0 +1,317 @@
+"""`ragsuite eval`, `ragsuite report` and `ragsuite serve` end to end against local servers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ragsuite.cli import main
+from ragsuite.data.datasets import load_dataset
+from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
+from ragsuite.testing.scripted import ScriptedRequest
+
+_OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)
+
+
+def universal_responder(gold: dict[str, str]):
+    """Answers any stage of any program with a well-typed value; the answer stage gets the gold answer."""
+
+    def respond(request: ScriptedRequest) -> dict:
+        section = request.system.split("Your output fields are:", 1)[-1]
+        types = dict(_OUTPUT_FIELD.findall(section))
+        values: dict = {}
+        for name in request.output_fields:
+            kind = types.get(name, "str")
+            if kind.startswith("Literal["):
+                values[name] = re.findall(r"'([^']*)'", kind)[-1]
+            elif kind == "bool":
+                values[name] = "True"
+            elif kind.startswith("list"):
+                values[name] = ["what is it about"]
+            elif kind in ("int", "float"):
+                values[name] = "1"
+            elif name == "answer":
+                values[name] = gold.get(request.inputs.get("question", ""), "an answer")
+            else:
+                values[name] = "a note about the question"
+        return values
+
+    return respond
+
+
+def gold_answers(dataset: str, limit: int) -> dict[str, str]:
+    return {ex.question: ex.answers[0] for ex in load_dataset(dataset)[:limit]}
+
+
+def eval_args(
+    server: LocalOpenAIServer, out: Path, *extra: str, program="vanilla", dataset="hotpotqa"
+) -> list:
+    return [
+        "eval",
+        "--program",
+        program,
+        "--dataset",
+        dataset,
+        "--lm",
+        "openai/scripted",
+        "--api-base",
+        server.api_base,
+        "--no-cache",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+RETRIEVER = {"triviaqa": ["--retriever", "bm25:nq"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "program, dataset",
+    [
+        (p, d)
+        for p in (
+            "vanilla",
+            "no-retrieval",
+            "deepnote",
+            "adaptive-note",
+            "hanrag",
+            "blendfilter",
+            "diverse-rerank",
+        )
+        for d in ("hotpotqa", "asqa", "strategyqa")
+    ]
+    + [("vanilla", d) for d in ("2wikimultihopqa", "musique", "nq", "triviaqa")],
+)
+def test_every_program_runs_end_to_end(program, dataset, tmp_path, capsys):
+    gold = gold_answers(dataset, 2)
+    with LocalOpenAIServer(universal_responder(gold)) as server:
+        code = main(
+            eval_args(server, tmp_path, "--limit", "2", "--threads", "2", program=program, dataset=dataset)
+            + RETRIEVER.get(dataset, [])
+        )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["n"], summary["errors"]) == (2, 0)
+    assert summary["cost"]["lm_calls"] >= 1 and summary["cost"]["input_tokens"] > 0
+    assert f"| {program} | {dataset} |" in out
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert [r["stats"]["fallbacks"] for r in records] == [0, 0]  # every stage's reply parsed
+    if dataset in ("hotpotqa", "nq"):  # the gold answer came back through every stage
+        assert summary["metrics"]["exact_match"] == 1.0
+
+
+def test_eval_vanilla_on_real_questions_then_resume_and_report(tmp_path, capsys):
+    gold = gold_answers("hotpotqa", 3)
+    with LocalOpenAIServer(universal_responder(gold)) as server:
+        assert main(eval_args(server, tmp_path / "a", "--limit", "3", "--set", "top_k=3")) == 0
+        first = capsys.readouterr().out
+        assert "| vanilla | hotpotqa | openai/scripted | 3 | 0 | 100.0 | 100.0 | 100.0 |" in first
+        assert server.chat_requests == 3
+        # The same command again resumes: nothing left to do, no LM call made.
+        assert main(eval_args(server, tmp_path / "a", "--limit", "3", "--set", "top_k=3")) == 0
+        assert server.chat_requests == 3
+        assert main(eval_args(server, tmp_path / "b", "--limit", "2", program="no-retrieval")) == 0
+    capsys.readouterr()
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["knobs"] == {"top_k": 3} and manifest["retriever"]["spec"] == "bm25:hotpotqa"
+    assert manifest["lm"]["spec"] == "openai/scripted" and manifest["limit"] == 3
+    assert "dspy" in manifest["versions"] and manifest["ragsuite_version"]
+    records = [json.loads(line) for line in (tmp_path / "a" / "records.jsonl").read_text().splitlines()]
+    assert all(len(r["passage_ids"]) == 3 and r["stats"]["retrievals"] == 1 for r in records)
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    table = capsys.readouterr().out
+    assert "vanilla (top_k=3)" in table and "| no-retrieval | hotpotqa |" in table
+
+
+def test_changed_configuration_is_refused(tmp_path, capsys):
+    gold = gold_answers("hotpotqa", 2)
+    with LocalOpenAIServer(universal_responder(gold)) as server:
+        assert main(eval_args(server, tmp_path, "--limit", "2")) == 0
+        code = main(eval_args(server, tmp_path, "--limit", "2", "--set", "top_k=7", "--temperature", "0.7"))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "knobs.top_k: 5 -> 7" in err and "lm.temperature: 0.1 -> 0.7" in err and "new --out" in err
+
+
+def test_max_errors_and_failures_counted_apart(tmp_path, capsys):
+    with LocalOpenAIServer(universal_responder({}), fault_fn=lambda n, r: Fault("server_error")) as server:
+        code = main(
+            eval_args(
+                server, tmp_path, "--limit", "5", "--threads", "1", "--retries", "0", "--max-errors", "2"
+            )
+        )
+    captured = capsys.readouterr()
+    assert code == 1 and "max_errors=2 reached" in captured.err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["n"], summary["errors"], summary["total"]) == (0, 2, 5)
+    assert server.chat_requests == 2
+
+
+def test_no_file_or_log_line_contains_the_api_key(tmp_path, capsys, caplog, monkeypatch):
+    secret = "sk-fake-secret-0123456789abcdef"
+    monkeypatch.setenv("RAGSUITE_TEST_LM_KEY", secret)
+    caplog.set_level(logging.DEBUG)
+    gold = gold_answers("hotpotqa", 2)
+    # The second request fails with the key in the error text, as a misbehaving proxy might echo it.
+    with LocalOpenAIServer(universal_responder(gold)) as server:
+        server.inject(Fault("malformed", text=f"bad key {secret}"), Fault("malformed", text=f"auth {secret}"))
+        code = main(
+            ["-vv", *eval_args(server, tmp_path, "--limit", "2", "--api-key-env", "RAGSUITE_TEST_LM_KEY")]
+        )
+    assert code == 0
+    assert server.authorizations[f"Bearer {secret}"] >= 2  # the key was really used
+    captured = capsys.readouterr()
+    assert secret not in captured.out + captured.err + caplog.text
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"manifest.json", "records.jsonl", "summary.json", "table.md"}
+    for path in files:
+        assert secret not in path.read_text(), path
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["lm"]["key_env"] == "RAGSUITE_TEST_LM_KEY"
+
+
+def test_clear_errors_for_unreachable_server_unknown_model_key_and_knob(tmp_path, capsys):
+    base = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--out", str(tmp_path / "x")]
+    code = main([*base, "--lm", f"vllm:m@http://127.0.0.1:{free_port()}/v1"])
+    assert code == 2 and "cannot reach the LM server" in capsys.readouterr().err
+    with LocalOpenAIServer(universal_responder({})) as server:
+        code = main([*base, "--lm", "openai/gpt-nope", "--api-base", server.api_base])
+        assert code == 2 and "does not serve model 'gpt-nope'; it serves: scripted" in capsys.readouterr().err
+        code = main([*base, "--lm", "openai/scripted", "--api-base", server.api_base, "--set", "nope=1"])
+        assert code == 2 and "has no knob 'nope'; its knobs are: top_k" in capsys.readouterr().err
+        code = main(
+            [
+                *base,
+                "--lm",
+                "openai/scripted",
+                "--api-base",
+                server.api_base,
+                "--stage-lm",
+                "route=vllm:scripted",
+            ]
+        )
+        assert code == 2 and "no stage 'route'; its stages are: answer" in capsys.readouterr().err
+    assert main([*base, "--lm", "openai/gpt-4o-mini"]) == 2
+    assert "OPENAI_API_KEY is not set" in capsys.readouterr().err
+    assert not (tmp_path / "x" / "records.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------------------ serve
+FAKE_VLLM = textwrap.dedent(
+    """\
+    #!{python}
+    import json, signal, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    args = sys.argv[1:]
+    if {fail}:
+        print("fake vllm: CUDA not available", file=sys.stderr)
+        sys.exit(3)
+    assert args[0] == "serve", args
+    model = args[1]
+    port = int(args[args.index("--port") + 1])
+    name = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else model
+    with open({log!r}, "w") as f:
+        json.dump(args, f)
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            body = json.dumps({{"data": [{{"id": name}}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    def bye(*_):
+        sys.exit(0)
+    signal.signal(signal.SIGINT, bye)
+    signal.signal(signal.SIGTERM, bye)
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+def write_fake_vllm(tmp_path: Path, *, fail: bool = False) -> tuple[Path, Path]:
+    log = tmp_path / "vllm-args.json"
+    script = tmp_path / "vllm"
+    script.write_text(FAKE_VLLM.format(python=sys.executable, fail=fail, log=str(log)))
+    script.chmod(0o755)
+    return script, log
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_serve_launches_waits_prints_flags_and_stops_on_ctrl_c(tmp_path):
+    _, log = write_fake_vllm(tmp_path)
+    port = free_port()
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ragsuite",
+            "serve",
+            "--model",
+            "org/Model-7B",
+            "--port",
+            str(port),
+            "--tensor-parallel-size",
+            "2",
+            "--",
+            "--max-model-len",
+            "4096",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = [process.stdout.readline() for _ in range(2)]
+        assert lines[0].startswith("vLLM is serving org/Model-7B at http://127.0.0.1:")
+        assert lines[1].strip() == f"use: --lm openai/org/Model-7B --api-base http://127.0.0.1:{port}/v1"
+        args = json.loads(log.read_text())
+        assert args[:2] == ["serve", "org/Model-7B"]
+        assert args[args.index("--tensor-parallel-size") + 1] == "2" and args[-2:] == [
+            "--max-model-len",
+            "4096",
+        ]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as reply:
+            assert json.load(reply)["data"][0]["id"] == "org/Model-7B"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    with pytest.raises(OSError):  # the server went down with it
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+
+
+def test_serve_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert main(["serve", "--model", "m"]) == 2
+    assert "no `vllm` executable on PATH" in capsys.readouterr().err
+    script, _ = write_fake_vllm(tmp_path, fail=True)
+    started = time.monotonic()
+    assert main(["serve", "--model", "m", "--vllm", str(script), "--port", str(free_port())]) == 2
+    assert "vllm exited with code 3 before serving" in capsys.readouterr().err
+    assert time.monotonic() - started < 20
