@@ -38,6 +38,8 @@ def universal_responder(gold: dict[str, str]):
                 values[name] = re.findall(r"'([^']*)'", kind)[-1]
             elif kind == "bool":
                 values[name] = "True"
+            elif kind == "list[int]":
+                values[name] = [1, 2]
             elif kind.startswith("list"):
                 values[name] = ["what is it about"]
             elif kind in ("int", "float"):
