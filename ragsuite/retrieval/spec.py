@@ -5,6 +5,8 @@ Specs:
                                  (TriviaQA ships no corpus: ``bm25:nq``); built once, cached on disk
     colbert-server:URL           a ColBERTv2 HTTP server (``/api/search`` protocol)
     colbert-index:DIR            a local colbert-ai PLAID index (``pip install 'ragsuite[colbert]'``)
+    dense[:DATASET[:MODEL_DIR]]  MiniLM (or MODEL_DIR) embeddings of a dataset's corpus, cached on disk
+                                 (``pip install 'ragsuite[dense]'``)
     hybrid:MODE:SPEC+SPEC[+...]  several of the above merged, MODE = interleave | rrf
 """
 
@@ -16,7 +18,10 @@ from typing import Any
 from ragsuite.errors import ConfigError
 from ragsuite.retrieval.base import Retriever
 
-SPEC_HELP = "bm25 | colbert-server:URL | colbert-index:DIR | hybrid:interleave|rrf:SPEC+SPEC (default: bm25)"
+SPEC_HELP = (
+    "bm25 | colbert-server:URL | colbert-index:DIR | dense[:DATASET] | hybrid:interleave|rrf:SPEC+SPEC "
+    "(default: bm25)"
+)
 
 
 def build_retriever(
@@ -59,6 +64,18 @@ def build_retriever(
         from ragsuite.retrieval.colbert.index import ColBERTv2Index
 
         return ColBERTv2Index.load(rest, **options)
+    if kind == "dense":
+        corpus_dataset, _, model = rest.partition(":")
+        corpus_dataset = corpus_dataset or dataset
+        if not corpus_dataset:
+            raise ConfigError(
+                "the dense retriever embeds a dataset's corpus: give --dataset or dense:DATASET"
+            )
+        from ragsuite.retrieval.dense import DenseRetriever
+
+        return DenseRetriever.from_dataset(
+            corpus_dataset, data_dir=data_dir, cache_dir=cache_dir, model=model or None, **options
+        )
     if kind == "hybrid":
         mode, _, members = rest.partition(":")
         if mode not in ("interleave", "rrf") or not members:

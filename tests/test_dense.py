@@ -1,0 +1,110 @@
+"""DenseRetriever with a tiny random BERT encoder built here (no downloaded weights): exact-text search,
+the on-disk embedding cache, batch, spec, and its use in a hybrid."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragsuite.errors import ConfigError
+from ragsuite.retrieval.base import Passage
+
+CORPUS = [
+    Passage(str(i), f"Title {i}", text)
+    for i, text in enumerate(
+        [
+            "The Oder river flows through Szczecin into the Baltic Sea.",
+            "Hamlet is a tragedy by William Shakespeare set in Denmark.",
+            "Photosynthesis converts light energy into chemical energy in plants.",
+            "The Eiffel Tower was completed in Paris in 1889 for the World's Fair.",
+            "Mount Kilimanjaro is the highest mountain in Africa.",
+            "Jazz originated in New Orleans in the late nineteenth century.",
+            "The Great Barrier Reef lies off the coast of Queensland, Australia.",
+            "Penicillin was discovered by Alexander Fleming in 1928.",
+        ]
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    transformers = pytest.importorskip("transformers", reason="dense retrieval needs the dense extra")
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+
+    out = tmp_path_factory.mktemp("encoder")
+    wordpiece = BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(
+        [p.render() for p in CORPUS],
+        vocab_size=500,
+        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    )
+    wordpiece.save_model(str(out))
+    transformers.BertTokenizerFast(vocab_file=str(out / "vocab.txt")).save_pretrained(str(out))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=wordpiece.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    transformers.BertModel(config).save_pretrained(str(out))
+    return out
+
+
+def test_exact_text_search_cache_and_batch(encoder_dir, tmp_path, caplog):
+    from ragsuite.retrieval.dense import DenseRetriever
+
+    retriever = DenseRetriever(CORPUS, model=encoder_dir, cache_dir=tmp_path, dataset="toy")
+    hits = [retriever(p.render(), 3)[0].id for p in CORPUS]
+    assert sum(h == p.id for h, p in zip(hits, CORPUS, strict=True)) >= 7
+    ranked = retriever(CORPUS[2].render(), 8)
+    assert len(ranked) == 8 and len({p.id for p in ranked}) == 8
+    assert [p.score for p in ranked] == sorted((p.score for p in ranked), reverse=True)
+    assert ranked[0].score == pytest.approx(1.0, abs=1e-4)  # cosine of a text with itself
+    assert len(retriever("anything", 50)) == len(CORPUS)
+    batched = retriever.batch([CORPUS[0].render(), CORPUS[5].render()], 2)
+    assert [[p.id for p in r] for r in batched] == [
+        [p.id for p in retriever(CORPUS[0].render(), 2)],
+        [p.id for p in retriever(CORPUS[5].render(), 2)],
+    ]
+    # Embeddings are cached on disk and reused by a second instance.
+    cached = list((tmp_path / "dense").glob("*.npy"))
+    assert len(cached) == 1
+    again = DenseRetriever(CORPUS, model=encoder_dir, cache_dir=tmp_path, dataset="toy")
+    assert (again.embeddings == retriever.embeddings).all()
+    assert retriever.describe()["spec"] == f"dense:toy:{encoder_dir}"
+    with pytest.raises(ConfigError):
+        retriever("x", 0)
+
+
+def test_rejects_bad_settings(encoder_dir, tmp_path):
+    from ragsuite.retrieval.dense import DenseRetriever
+
+    with pytest.raises(ConfigError):
+        DenseRetriever([], model=encoder_dir, cache_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"config\.json"):
+        DenseRetriever(CORPUS, model=tmp_path, cache_dir=tmp_path)
+
+
+def test_spec_and_hybrid(encoder_dir, tmp_path, data_dir):
+    from ragsuite.data.datasets import load_corpus
+    from ragsuite.retrieval.hybrid import HybridRetriever
+    from ragsuite.retrieval.spec import build_retriever
+
+    with pytest.raises(ConfigError):
+        build_retriever("dense")  # no dataset
+    dense = build_retriever(
+        f"dense:strategyqa:{encoder_dir}", data_dir=data_dir, cache_dir=tmp_path, max_length=64
+    )
+    hybrid = build_retriever(
+        f"hybrid:rrf:bm25+dense:strategyqa:{encoder_dir}",
+        dataset="strategyqa",
+        data_dir=data_dir,
+        cache_dir=tmp_path,
+    )
+    assert isinstance(hybrid, HybridRetriever)
+    assert [m.describe()["kind"] for m in hybrid.retrievers] == ["bm25", "dense"]
+    passage = load_corpus("strategyqa", data_dir=data_dir)[10]
+    assert hybrid(passage.render(), 5)[0].id == passage.id
+    assert dense.describe()["spec"].startswith("dense:strategyqa:")
