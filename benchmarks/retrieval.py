@@ -1,6 +1,6 @@
 """Retrieval quality and speed: ragsuite's BM25Retriever against plain bm25s, side by side, on every dataset.
 
-    python benchmarks/retrieval.py [--datasets hotpotqa nq ...] [--repeats 5] [--out results.json]
+    python benchmarks/retrieval.py [--datasets hotpotqa nq ...] [--repeats 5] [--out results.json] [--hybrid]
 
 For each dataset with a corpus, every column (retriever) answers the dev questions; the table reports
 recall@5 / recall@10 of gold passages and queries per second, batched (one call for all questions) and one by
@@ -10,6 +10,11 @@ bm25s' English stopwords, title and text joined by a space, method lucene, k1 = 
 includes ``bm25s.tokenize`` just as ragsuite's includes its own tokenizer.
 
 Adding a column: write ``def build_x(corpus, *, cache_dir) -> Column`` and list it in ``COLUMNS``.
+
+``--hybrid`` adds recall-only columns: dense retrieval with all-MiniLM-L6-v2 (the ``dense`` extra; passage
+embeddings are cached in ragsuite's cache directory, ``--dense-cache-dir``, because embedding every corpus
+takes ~20 minutes on 2 CPU cores) and BM25 + dense merged by interleaving and by RRF (k = 60) from each
+member's top 10, and prints a second table of recall@5.
 """
 
 from __future__ import annotations
@@ -83,6 +88,47 @@ def build_ragsuite_bm25(corpus: list[Passage], *, cache_dir: Path) -> Column:
 # Reference column first: ratios are taken against it.
 COLUMNS: list[Callable[..., Column]] = [build_plain_bm25s, build_ragsuite_bm25]
 
+HYBRID_NAMES = ("dense MiniLM", "hybrid interleave", "hybrid rrf")
+
+
+def hybrid_columns(dense_cache_dir: Path | None) -> list[Callable[..., Column]]:
+    """Builders of the dense and BM25+dense hybrid columns; the three share one index per corpus."""
+    from ragsuite.retrieval.base import Retriever
+
+    members: dict[int, tuple[Retriever, Retriever]] = {}
+
+    def shared(corpus: list[Passage], cache_dir: Path) -> tuple[Retriever, Retriever]:
+        from ragsuite.retrieval.bm25 import BM25Retriever
+        from ragsuite.retrieval.dense import DenseRetriever
+
+        if id(corpus) not in members:
+            members.clear()  # one dataset at a time
+            dense = DenseRetriever(corpus, cache_dir=dense_cache_dir, progress=True)
+            members[id(corpus)] = (BM25Retriever(corpus, cache_dir=cache_dir), dense)
+        return members[id(corpus)]
+
+    def column(name: str, pick: Callable[[Retriever, Retriever], Retriever]) -> Callable[..., Column]:
+        def build(corpus: list[Passage], *, cache_dir: Path) -> Column:
+            retriever = pick(*shared(corpus, cache_dir))
+
+            def batch(queries: Sequence[str], k: int) -> list[list[str]]:
+                return [[p.id for p in ps] for ps in retriever.batch(queries, k)]
+
+            def one(query: str, k: int) -> list[str]:
+                return [p.id for p in retriever(query, k)]
+
+            return Column(name, batch, one, timed=False)
+
+        return build
+
+    from ragsuite.retrieval.hybrid import HybridRetriever
+
+    return [
+        column(HYBRID_NAMES[0], lambda bm25, dense: dense),
+        column(HYBRID_NAMES[1], lambda bm25, dense: HybridRetriever([bm25, dense], mode="interleave")),
+        column(HYBRID_NAMES[2], lambda bm25, dense: HybridRetriever([bm25, dense], mode="rrf")),
+    ]
+
 
 def _qps(fn: Callable[[], object], n: int) -> float:
     start = time.perf_counter()
@@ -90,11 +136,18 @@ def _qps(fn: Callable[[], object], n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def bench_dataset(name: str, *, repeats: int, cache_dir: Path, data_dir: str | None) -> dict:
+def bench_dataset(
+    name: str,
+    *,
+    repeats: int,
+    cache_dir: Path,
+    data_dir: str | None,
+    extra_columns: Sequence[Callable[..., Column]] = (),
+) -> dict:
     corpus = load_corpus(name, data_dir=data_dir)
     examples = [ex for ex in load_dataset(name, data_dir=data_dir) if ex.gold_passage_ids]
     questions = [ex.question for ex in examples]
-    columns = [build(corpus, cache_dir=cache_dir) for build in COLUMNS]
+    columns = [build(corpus, cache_dir=cache_dir) for build in (*COLUMNS, *extra_columns)]
     row: dict = {"dataset": name, "passages": len(corpus), "questions": len(questions), "columns": {}}
     timing: dict[str, dict[str, list[float]]] = {c.name: {"batch": [], "one": []} for c in columns}
     for column in columns:
@@ -138,6 +191,20 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def hybrid_markdown(rows: list[dict]) -> str:
+    names = ("ragsuite BM25", *HYBRID_NAMES)
+    lines = [
+        "| dataset | R@5 BM25 | R@5 dense MiniLM | R@5 hybrid interleave | R@5 hybrid RRF |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        cells = [row["columns"][n]["recall@5"] for n in names]
+        best = max(cells)
+        shown = [f"**{c:.3f}**" if c == best else f"{c:.3f}" for c in cells]
+        lines.append(f"| {row['dataset']} | " + " | ".join(shown) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     with_corpus = [n for n in dataset_names() if get_dataset_info(n).has_corpus]
@@ -148,16 +215,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cache-dir", default=None, help="index cache (default: a fresh temporary directory)"
     )
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument(
+        "--hybrid", action="store_true", help="add dense (MiniLM) and BM25+dense hybrid recall columns"
+    )
+    parser.add_argument(
+        "--dense-cache-dir", default=None, help="passage embedding cache (default: ragsuite's cache dir)"
+    )
     args = parser.parse_args(argv)
+    extra = (
+        hybrid_columns(Path(args.dense_cache_dir) if args.dense_cache_dir else None) if args.hybrid else []
+    )
     with tempfile.TemporaryDirectory(prefix="ragsuite-bench-") as tmp:
         cache_dir = Path(args.cache_dir or tmp)
         rows = []
         for name in args.datasets:
             print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
             rows.append(
-                bench_dataset(name, repeats=args.repeats, cache_dir=cache_dir, data_dir=args.data_dir)
+                bench_dataset(
+                    name,
+                    repeats=args.repeats,
+                    cache_dir=cache_dir,
+                    data_dir=args.data_dir,
+                    extra_columns=extra,
+                )
             )
     print(markdown(rows))
+    if args.hybrid:
+        print()
+        print(hybrid_markdown(rows))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0
