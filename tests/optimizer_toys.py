@@ -112,9 +112,7 @@ class ToyProgram(RAGProgram):
 class NoSpaceProgram(ToyProgram):
     name = "toy-no-space"
 
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return RAGProgram.search_space(trial)
+    search_space = RAGProgram.__dict__["search_space"]
 
 
 def responder(request: ScriptedRequest) -> dict[str, Any] | str:
@@ -196,4 +194,25 @@ def toy_evaluate(
         n=n,
         errors=0,
         records=records,
+    )
+
+
+def run_worker(storage: str, seed: int, trials: int) -> None:
+    """One tuning process sharing ``storage`` with others (run as a subprocess by the tests)."""
+    import dspy
+
+    from ragsuite.optimizers import tune
+
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+    tune(
+        ToyProgram,
+        dataset="hotpotqa",
+        valset=examples(4),
+        retriever=ToyRetriever(),
+        lm=scripted_lm(),
+        trials=trials,
+        storage=storage,
+        study_name="shared",
+        seed=seed,
+        threads=1,
     )

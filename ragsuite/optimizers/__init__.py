@@ -18,8 +18,8 @@ _EXPORTS = {
     "OPTIMIZERS": "ragsuite.optimizers.compile",
     "optimizer_metric": "ragsuite.optimizers.feedback",
     "feedback_metric": "ragsuite.optimizers.feedback",
-    "tune": "ragsuite.optimizers.tune",
-    "TuneResult": "ragsuite.optimizers.tune",
+    "tune": "ragsuite.optimizers.tuning",
+    "TuneResult": "ragsuite.optimizers.tuning",
 }
 
 __all__ = sorted(_EXPORTS)

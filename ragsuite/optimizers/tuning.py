@@ -1,0 +1,562 @@
+"""Optuna search over a program's numeric and categorical knobs, scored on a validation split.
+
+Each trial samples knobs from the program class's ``search_space(trial)``, builds the program, and runs it on
+the validation examples through :func:`ragsuite.evaluate.evaluate` (threads, cost ledger). The first trial
+of a new study is the paper's defaults (``cls.default_knobs()``). Objectives are ``quality`` (the dataset's
+primary metric, maximized) optionally followed by costs to minimize: ``lm_calls``, ``tokens`` (input +
+output) or ``retrievals`` per question; with several objectives the Pareto front is reported and plotted.
+
+Storage: an SQLite file in ``out_dir`` by default; a JournalStorage file (``journal:PATH`` or a path ending
+in ``.log``/``.journal``) or an RDB URL (``postgresql://...``, ``sqlite:///...``) lets several processes,
+on one or several machines, share a study. ``trials`` is the study's total: re-running resumes and runs only
+the trials still missing; give each concurrent worker its own ``seed`` so they do not propose the same
+points.
+
+Example:
+    >>> import dspy, ragsuite
+    >>> from ragsuite.optimizers import split_dev, tune
+    >>> _, val = split_dev(ragsuite.data.load_dataset("hotpotqa"), train=0, val=50)    # doctest: +SKIP
+    >>> with dspy.context(lm=dspy.LM("openai/gpt-4o-mini")):                           # doctest: +SKIP
+    ...     result = tune("deepnote", dataset="hotpotqa", valset=val, retriever=retriever,
+    ...                   trials=30, objectives=("quality", "lm_calls"), out_dir="runs/tune-deepnote")
+    >>> result.best_knobs                                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import dspy
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from ragsuite.errors import ConfigError, MissingExtraError
+
+if TYPE_CHECKING:
+    from ragsuite.programs.base import RAGProgram
+    from ragsuite.retrieval.base import Retriever
+
+log = logging.getLogger("ragsuite.optimizers.tuning")
+
+Objective = Literal["quality", "lm_calls", "tokens", "retrievals"]
+OBJECTIVES: tuple[str, ...] = ("quality", "lm_calls", "tokens", "retrievals")
+SamplerName = Literal["tpe", "nsga2"]
+_FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` returns.
+
+    Attributes:
+        study: The Optuna study (all workers' trials).
+        objectives: The objectives, quality first.
+        trial: The chosen trial: the best one, the highest-quality Pareto trial, or the one picked.
+        knobs: Its knobs.
+        program: The program built with those knobs (compiled when ``compile`` was given).
+        pareto: Summaries of the Pareto-optimal trials (the best trial alone for one objective).
+        files: Paths written in ``out_dir``: ``program``, ``trials``, ``pareto_json``, ``pareto_png``.
+    """
+
+    study: optuna.Study
+    objectives: tuple[str, ...]
+    trial: FrozenTrial
+    knobs: dict[str, Any]
+    program: RAGProgram
+    pareto: list[dict[str, Any]]
+    files: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def best_knobs(self) -> dict[str, Any]:
+        return self.knobs
+
+
+# ------------------------------------------------------------------------------------------- storage
+def resolve_storage(spec: str | None, out_dir: Path | None) -> str | optuna.storages.BaseStorage | None:
+    """The Optuna storage that ``spec`` names (see the module docstring); None with no out_dir = in memory."""
+    if spec is None or not spec.strip():
+        if out_dir is None:
+            return None
+        return f"sqlite:///{(out_dir / 'study.db').resolve()}"
+    spec = spec.strip()
+    journal_path = None
+    if spec.startswith("journal:"):
+        journal_path = spec[len("journal:") :]
+    elif "://" not in spec and spec.endswith((".log", ".journal", ".jsonl")):
+        journal_path = spec
+    if journal_path is not None:
+        if not journal_path:
+            raise ConfigError("journal storage needs a file path, e.g. journal:/shared/studies/deepnote.log")
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        path = Path(journal_path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    if "://" in spec:
+        return spec
+    if spec.endswith((".db", ".sqlite", ".sqlite3")):
+        path = Path(spec).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path.resolve()}"
+    raise ConfigError(
+        f"unrecognized --storage {spec!r}: use journal:PATH (or a .log/.journal file), an SQLite file "
+        "(.db), or a database URL such as postgresql://user@host/db or sqlite:///path.db"
+    )
+
+
+def redact_storage(spec: str | None) -> str | None:
+    """``spec`` without a password (``postgresql://user:secret@host`` -> ``postgresql://user:***@host``)."""
+    if spec is None:
+        return None
+    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", spec)
+
+
+def _create_study(
+    storage: str | optuna.storages.BaseStorage | None,
+    name: str,
+    directions: list[str],
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner | None,
+) -> optuna.Study:
+    try:
+        return optuna.create_study(
+            storage=storage,
+            study_name=name,
+            directions=directions,
+            sampler=sampler,
+            pruner=pruner,
+            load_if_exists=True,
+        )
+    except ImportError as exc:
+        raise ConfigError(
+            f"the storage needs a database driver that is not installed ({exc}); for PostgreSQL: "
+            "pip install psycopg2-binary"
+        ) from exc
+    except ValueError as exc:
+        raise ConfigError(
+            f"study {name!r} exists with other objectives ({exc}); pick another --study name"
+        ) from exc
+
+
+# ------------------------------------------------------------------------------------------- samplers
+def make_sampler(kind: SamplerName, *, seed: int, n_objectives: int) -> optuna.samplers.BaseSampler:
+    """Seeded TPE (multivariate, grouped for conditional spaces) or NSGA-II (multi-objective)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if kind == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+        if kind == "nsga2":
+            if n_objectives < 2:
+                raise ConfigError("the nsga2 sampler is for several objectives; use tpe for one")
+            return optuna.samplers.NSGAIISampler(seed=seed)
+    raise ConfigError(f"unknown sampler {kind!r}; choose tpe or nsga2")
+
+
+# ------------------------------------------------------------------------------------------- trials
+def _objective_values(objectives: Sequence[str], quality: str, result: Any) -> list[float]:
+    metrics, cost = dict(result.metrics), dict(result.cost)
+    if quality not in metrics:
+        raise ConfigError(f"the evaluation reported no {quality!r} metric (it has {sorted(metrics)})")
+    values = []
+    for objective in objectives:
+        if objective == "quality":
+            values.append(float(metrics[quality]))
+        elif objective == "tokens":
+            values.append(float(cost.get("input_tokens", 0.0)) + float(cost.get("output_tokens", 0.0)))
+        else:
+            values.append(float(cost.get(objective, 0.0)))
+    return values
+
+
+class _PruneReporter:
+    """``on_record`` callback: reports the running mean quality every ``every`` examples and raises
+    ``optuna.TrialPruned`` when the pruner says so."""
+
+    def __init__(self, trial: optuna.Trial, quality: str, total: int, every: int) -> None:
+        self.trial, self.quality, self.total, self.every = trial, quality, total, max(1, every)
+        self.seen = 0
+        self.score = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.seen += 1
+            # A failed example has no metrics; it counts as wrong for the running score.
+            self.score += float((record.get("metrics") or {}).get(self.quality, 0.0))
+            step, running = self.seen, self.score / self.seen
+        if step % self.every and step != self.total:
+            return
+        self.trial.report(running, step)
+        if step < self.total and self.trial.should_prune():
+            self.trial.set_user_attr("pruned_at", {"examples": step, "running_quality": running})
+            raise optuna.TrialPruned(
+                f"running {self.quality} {running:.3f} after {step}/{self.total} examples"
+            )
+
+
+def summarize_trial(trial: FrozenTrial) -> dict[str, Any]:
+    """A JSON-able view of one trial: number, state, objective values, knobs, metrics, cost."""
+    return {
+        "number": trial.number,
+        "state": trial.state.name,
+        "values": list(trial.values) if trial.values else None,
+        "knobs": trial.user_attrs.get("knobs", dict(trial.params)),
+        "metrics": trial.user_attrs.get("metrics"),
+        "cost": trial.user_attrs.get("cost"),
+        **({"pruned_at": trial.user_attrs["pruned_at"]} if "pruned_at" in trial.user_attrs else {}),
+        **({"program_file": trial.user_attrs["program_file"]} if "program_file" in trial.user_attrs else {}),
+    }
+
+
+def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
+    """Pareto-optimal completed trials, highest quality first (quality is the first objective)."""
+    front = study.best_trials if len(study.directions) > 1 else [study.best_trial]
+    return sorted(front, key=lambda t: (-t.values[0], *t.values[1:], t.number))
+
+
+def plot_pareto(study: optuna.Study, objectives: Sequence[str], path: Path, *, title: str = "") -> Path:
+    """Scatter every completed trial (quality against each cost objective) with the Pareto front drawn.
+
+    Raises:
+        MissingExtraError: when matplotlib is not installed (``pip install 'ragsuite[plot]'``).
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingExtraError("matplotlib", "plot", "the Pareto plot") from exc
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    front = pareto_front(study)
+    costs = list(objectives[1:])
+    figure = Figure(figsize=(5.2 * len(costs), 4.2), dpi=110)
+    FigureCanvasAgg(figure)  # the Agg canvas renders without touching pyplot's global backend
+    axes = figure.subplots(1, len(costs), squeeze=False)[0]
+    for i, (axis, cost) in enumerate(zip(axes, costs, strict=True), start=1):
+        axis.scatter(
+            [t.values[i] for t in done], [t.values[0] for t in done], c="#9aa5b1", s=22, label="trials"
+        )
+        ordered = sorted(front, key=lambda t: t.values[i])
+        axis.plot(
+            [t.values[i] for t in ordered],
+            [t.values[0] for t in ordered],
+            "o-",
+            c="#d1495b",
+            ms=6,
+            label="Pareto front",
+        )
+        for t in ordered:
+            axis.annotate(
+                f"#{t.number}",
+                (t.values[i], t.values[0]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+            )
+        axis.set_xlabel(f"{cost} per question (lower is better)")
+        axis.set_ylabel("quality (higher is better)")
+        axis.grid(alpha=0.3)
+        axis.legend(loc="lower right", fontsize=8)
+    if title:
+        figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    return path
+
+
+def _write_json(path: Path, data: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _program_class(program: str | type[RAGProgram]) -> type[RAGProgram]:
+    from ragsuite import programs
+    from ragsuite.programs.base import RAGProgram
+
+    if isinstance(program, str):
+        return programs.get(program)
+    if isinstance(program, type) and issubclass(program, RAGProgram):
+        return program
+    raise ConfigError(f"program must be a registered name or a RAGProgram subclass, not {program!r}")
+
+
+def _has_search_space(cls: type[RAGProgram]) -> bool:
+    from ragsuite.programs.base import RAGProgram
+
+    return cls.search_space.__func__ is not RAGProgram.search_space.__func__  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------------- tune
+def tune(
+    program: str | type[RAGProgram],
+    *,
+    dataset: str,
+    valset: Sequence[dspy.Example],
+    retriever: Retriever | None = None,
+    lm: dspy.LM | None = None,
+    trials: int = 20,
+    objectives: Sequence[str] = ("quality",),
+    quality_metric: str | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    sampler: SamplerName = "tpe",
+    seed: int = 0,
+    threads: int = 8,
+    prune: bool = False,
+    prune_every: int | None = None,
+    pruner: optuna.pruners.BasePruner | None = None,
+    compile: str | None = None,
+    compile_each: bool = False,
+    trainset: Sequence[dspy.Example] | None = None,
+    compile_options: dict[str, Any] | None = None,
+    teacher_lm: dspy.LM | None = None,
+    pick: int | None = None,
+    program_kwargs: dict[str, Any] | None = None,
+    evaluate_fn: Callable[..., Any] | None = None,
+) -> TuneResult:
+    """Search a program's knobs with Optuna; write the chosen program as a program file.
+
+    Args:
+        program: Registered program name or class; it must implement ``search_space(trial)``.
+        dataset: Dataset name (metrics, task).
+        valset: Validation examples every trial is scored on.
+        retriever: Shared by every trial's program.
+        lm: LM the trials run with; defaults to the one in effect (``dspy.context``).
+        trials: Total trials the study should hold (finished or pruned); a re-run adds only the missing ones.
+        objectives: ``quality`` first, then any of ``lm_calls``, ``tokens``, ``retrievals`` (minimized).
+        quality_metric: Metric maximized as quality; defaults to the dataset's primary metric.
+        out_dir: Where ``study.db`` (default storage), ``trials.json``, ``pareto.json``/``pareto.png`` and
+            ``best.json`` (the program file) go. None keeps everything in memory.
+        storage: See the module docstring.
+        study_name: Defaults to ``<program>-<dataset>-<objectives>``.
+        sampler: ``tpe`` (seeded, multivariate; multi-objective TPE for several objectives) or ``nsga2``.
+        seed: Sampler seed (and the example order under pruning). Concurrent workers need distinct seeds.
+        threads: Examples evaluated at once within a trial.
+        prune: Single objective only: evaluate examples in a seeded shuffled order, report the running
+            quality every ``prune_every`` examples and stop hopeless trials (``pruner``, default
+            ``MedianPruner(n_startup_trials=3)``).
+        prune_every: Examples between reports; default: a quarter of the validation set.
+        pruner: An Optuna pruner to use instead of the default.
+        compile: A :func:`~ragsuite.optimizers.compile_program` optimizer. Prompts are compiled once, for the
+            chosen trial's knobs, after the search (one compile), or per trial with ``compile_each``
+            (trials x compile cost: a MIPROv2 "light" run is hundreds of LM calls, every trial).
+        compile_each: Compile inside every trial before scoring it.
+        trainset: Examples to compile on (disjoint from ``valset``).
+        compile_options: Extra options for ``compile_program``.
+        teacher_lm: Teacher/reflection LM for compiling.
+        pick: Write this trial (number) instead of the best one, e.g. a chosen Pareto point.
+        program_kwargs: Fixed constructor arguments for every trial (not tuned).
+        evaluate_fn: Replacement for :func:`ragsuite.evaluate.evaluate` (same signature and result).
+
+    Returns:
+        :class:`TuneResult`.
+
+    Raises:
+        ConfigError: bad objectives, a program without a search space, a storage that cannot be opened, a
+            picked trial that did not complete, or a study whose trials all failed or were pruned.
+    """
+    from ragsuite.data.datasets import get_dataset_info
+
+    cls = _program_class(program)
+    if not _has_search_space(cls):
+        raise ConfigError(
+            f"program {cls.name!r} declares no search space; implement {cls.__name__}.search_space(trial)"
+        )
+    objectives = tuple(objectives)
+    unknown = [o for o in objectives if o not in OBJECTIVES]
+    if unknown or not objectives or objectives[0] != "quality" or len(set(objectives)) != len(objectives):
+        raise ConfigError(
+            f"objectives must be 'quality' followed by distinct costs from {OBJECTIVES[1:]}, not {objectives}"
+        )
+    if prune and len(objectives) > 1:
+        raise ConfigError(
+            "pruning works with a single objective (quality) only; Optuna cannot prune Pareto studies"
+        )
+    if trials < 1:
+        raise ConfigError("trials must be >= 1")
+    valset = list(valset)
+    if not valset:
+        raise ConfigError("the validation set is empty")
+    if compile is not None:
+        from ragsuite.optimizers.compile import OPTIMIZERS
+
+        if compile not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {compile!r}; choose one of: {', '.join(OPTIMIZERS)}")
+        if not trainset:
+            raise ConfigError("compile needs a trainset (examples disjoint from the validation set)")
+    elif compile_each:
+        raise ConfigError("compile_each needs compile=OPTIMIZER")
+    info = get_dataset_info(dataset)
+    quality = quality_metric or info.primary_metric
+    if evaluate_fn is None:
+        from ragsuite.evaluate import evaluate as evaluate_fn
+    out = Path(out_dir).expanduser() if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    fixed = dict(program_kwargs or {})
+    name = study_name or f"{cls.name}-{dataset}-{'+'.join(objectives)}"
+    directions = ["maximize"] + ["minimize"] * (len(objectives) - 1)
+    if prune and pruner is None:
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=3)
+    study = _create_study(
+        resolve_storage(storage, out),
+        name,
+        directions,
+        make_sampler(sampler, seed=seed, n_objectives=len(objectives)),
+        pruner if prune else optuna.pruners.NopPruner(),
+    )
+    examples = list(valset)
+    if prune:
+        random.Random(seed).shuffle(examples)
+    every = prune_every or max(1, len(examples) // 4)
+
+    def lm_scope() -> contextlib.AbstractContextManager[Any]:
+        return dspy.context(lm=lm) if lm is not None else contextlib.nullcontext()
+
+    def build(knobs: dict[str, Any]) -> RAGProgram:
+        try:
+            return cls(retriever=retriever, task=info.task, **fixed, **knobs)
+        except TypeError as exc:
+            raise ConfigError(f"cannot build {cls.name} with knobs {knobs}: {exc}") from exc
+
+    def compile_for(built: RAGProgram) -> RAGProgram:
+        from ragsuite.optimizers.compile import compile_program
+
+        return compile_program(
+            built,
+            list(trainset or []),
+            valset,
+            optimizer=compile,  # type: ignore[arg-type]
+            dataset=dataset,
+            teacher_lm=teacher_lm,
+            seed=seed,
+            threads=threads,
+            **(compile_options or {}),
+        )
+
+    def objective(trial: optuna.Trial) -> list[float] | float:
+        knobs = cls.search_space(trial)
+        if not isinstance(knobs, dict) or not knobs:
+            raise ConfigError(f"{cls.__name__}.search_space must return a non-empty dict of knobs")
+        trial.set_user_attr("knobs", knobs)
+        built = build(knobs)
+        on_record = _PruneReporter(trial, quality, len(examples), every) if prune else None
+        with lm_scope():
+            if compile_each:
+                built = compile_for(built)
+                if out is not None:
+                    from ragsuite.optimizers.artifacts import save_program
+
+                    path = save_program(built, out / "trials" / f"trial-{trial.number}.json")
+                    trial.set_user_attr("program_file", str(path))
+            result = evaluate_fn(
+                built, examples, dataset=dataset, threads=threads, progress=False, on_record=on_record
+            )
+        if not getattr(result, "n", 1) and getattr(result, "errors", 0):
+            first = next((r["error"] for r in result.records if r.get("error")), None)
+            raise ConfigError(f"every example failed in trial {trial.number} (knobs {knobs}): {first}")
+        values = _objective_values(objectives, quality, result)
+        trial.set_user_attr("metrics", dict(result.metrics))
+        trial.set_user_attr("cost", {k: float(v) for k, v in dict(result.cost).items()})
+        trial.set_user_attr("errors", int(getattr(result, "errors", 0)))
+        log.info("trial %d %s -> %s", trial.number, knobs, dict(zip(objectives, values, strict=True)))
+        return values if len(values) > 1 else values[0]
+
+    def counted(states: Sequence[TrialState]) -> int:
+        return len(study.get_trials(deepcopy=False, states=tuple(states)))
+
+    def stop_when_full(study_: optuna.Study, _trial: FrozenTrial) -> None:
+        # Trials other workers are running count too, so concurrent workers stop near the total.
+        if counted((*_FINISHED, TrialState.RUNNING)) >= trials:
+            study_.stop()
+
+    if not study.trials:
+        defaults = {
+            k: v
+            for k, v in cls.default_knobs().items()
+            if isinstance(v, (bool, int, float, str)) and k not in fixed
+        }
+        study.enqueue_trial(defaults, skip_if_exists=True)
+    remaining = trials - counted(_FINISHED)
+    if remaining > 0:
+        log.info("study %s: running %d of %d trials", name, remaining, trials)
+        study.optimize(objective, n_trials=remaining, callbacks=[stop_when_full], gc_after_trial=False)
+    else:
+        log.info("study %s already has %d finished trials; nothing to run", name, trials)
+
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not completed:
+        raise ConfigError(f"study {name!r} has no completed trial (all pruned or failed)")
+    front = pareto_front(study)
+    if pick is not None:
+        chosen = next((t for t in completed if t.number == pick), None)
+        if chosen is None:
+            raise ConfigError(f"trial {pick} is not a completed trial of study {name!r}")
+    else:
+        chosen = front[0]
+    knobs = dict(chosen.user_attrs.get("knobs", chosen.params))
+    files: dict[str, Path] = {}
+    if "program_file" in chosen.user_attrs and Path(chosen.user_attrs["program_file"]).is_file():
+        from ragsuite.optimizers.artifacts import load_program
+
+        best = load_program(chosen.user_attrs["program_file"], retriever=retriever, **fixed)
+    else:
+        best = build(knobs)
+        if compile is not None:
+            with lm_scope():
+                best = compile_for(best)
+    metadata = {
+        "metrics": chosen.user_attrs.get("metrics"),
+        "cost": chosen.user_attrs.get("cost"),
+        "tuning": {
+            "study": name,
+            "storage": redact_storage(storage) if storage else ("sqlite (out dir)" if out else "memory"),
+            "trial": chosen.number,
+            "objectives": list(objectives),
+            "values": list(chosen.values),
+            "quality_metric": quality,
+            "dataset": dataset,
+            "valset_size": len(valset),
+            "trials": trials,
+            "seed": seed,
+            "compile": compile,
+            "compile_each": compile_each,
+        },
+    }
+    pareto = [summarize_trial(t) for t in front]
+    if out is not None:
+        from ragsuite.optimizers.artifacts import save_program
+
+        files["program"] = save_program(best, out / "best.json", metadata=metadata)
+        files["trials"] = _write_json(out / "trials.json", [summarize_trial(t) for t in study.trials])
+        if len(objectives) > 1:
+            files["pareto_json"] = _write_json(
+                out / "pareto.json",
+                {"study": name, "objectives": list(objectives), "directions": directions, "front": pareto},
+            )
+            try:
+                files["pareto_png"] = plot_pareto(
+                    study,
+                    objectives,
+                    out / "pareto.png",
+                    title=f"{cls.name} on {dataset}: {len(completed)} trials",
+                )
+            except MissingExtraError as exc:
+                log.warning("%s; pareto.json was written without the plot", exc)
+    best.optimization = {**dict(getattr(best, "optimization", None) or {}), **metadata}
+    return TuneResult(study, objectives, chosen, knobs, best, pareto, files)

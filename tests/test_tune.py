@@ -1,0 +1,171 @@
+"""Optuna tuning: known optimum, defaults first, resume, Pareto outputs, pruning, shared journal studies."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optimizer_toys as toys
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import ragsuite
+from ragsuite.errors import ConfigError
+from ragsuite.optimizers import tune
+from ragsuite.optimizers.tuning import redact_storage, resolve_storage
+
+OPTIMUM = {"top_k": 5, "max_step": 2}
+
+
+def _tune(tmp_path, **kwargs):
+    options = dict(
+        dataset="hotpotqa",
+        valset=toys.examples(4),
+        retriever=toys.ToyRetriever(),
+        lm=toys.scripted_lm(),
+        trials=16,
+        out_dir=tmp_path,
+        threads=2,
+        seed=0,
+    )
+    options.update(kwargs)
+    return tune(toys.ToyProgram, **options)
+
+
+def test_single_objective_finds_the_optimum_defaults_first_and_resumes(tmp_path):
+    result = _tune(tmp_path)
+    assert result.knobs == OPTIMUM
+    assert result.trial.values == [1.0]
+    trials = result.study.trials
+    assert len(trials) == 16
+    assert trials[0].params == toys.ToyProgram.default_knobs() == {"top_k": 3, "max_step": 1}
+    assert trials[0].values == [0.0]
+    assert trials[0].user_attrs["cost"]["lm_calls"] == 2.0  # one hop + the answer, from the cost ledger
+    assert (tmp_path / "study.db").is_file()
+
+    # The written program file loads and reproduces the trial's score.
+    loaded = ragsuite.load(str(result.files["program"]), retriever=toys.ToyRetriever())
+    assert loaded.knobs() == OPTIMUM
+    assert loaded.optimization["tuning"]["trial"] == result.trial.number
+    import dspy
+
+    with dspy.context(lm=toys.scripted_lm()):
+        assert [loaded(question=toys.question(i)).answer for i in range(2)] == ["Answer0", "Answer1"]
+    listed = json.loads((tmp_path / "trials.json").read_text())
+    assert [t["number"] for t in listed] == list(range(16))
+
+    # Re-running resumes the same study: only the missing trials run.
+    again = _tune(tmp_path, trials=18)
+    assert len(again.study.trials) == 18
+    assert len(_tune(tmp_path, trials=18).study.trials) == 18
+
+
+def test_multi_objective_writes_pareto_json_and_png(tmp_path):
+    result = _tune(tmp_path, objectives=("quality", "lm_calls"), trials=12)
+    front = json.loads((tmp_path / "pareto.json").read_text())
+    assert front["objectives"] == ["quality", "lm_calls"]
+    points = [tuple(t["values"]) for t in front["front"]]
+    assert points and points == sorted(points, key=lambda v: (-v[0], v[1]))
+    done = [t for t in result.study.trials if t.state == TrialState.COMPLETE]
+    for q, calls in points:  # nothing completed dominates a front point
+        assert not any(
+            t.values[0] >= q and t.values[1] <= calls and tuple(t.values) != (q, calls) for t in done
+        )
+    assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Without --pick, the highest-quality Pareto point is written.
+    assert result.trial.values[0] == max(t.values[0] for t in done)
+
+    cheapest = front["front"][-1]
+    picked = _tune(tmp_path, objectives=("quality", "lm_calls"), trials=12, pick=cheapest["number"])
+    assert json.loads((tmp_path / "best.json").read_text())["knobs"] == cheapest["knobs"]
+    assert picked.knobs == cheapest["knobs"]
+
+
+def test_prune_stops_hopeless_trials(tmp_path):
+    # Most toy trials score 0, so the median never beats them; keep only the top quarter instead.
+    pruner = optuna.pruners.PercentilePruner(25.0, n_startup_trials=3)
+    result = _tune(
+        tmp_path, valset=toys.examples(8), prune=True, prune_every=2, pruner=pruner, trials=14, threads=1
+    )
+    states = [t.state for t in result.study.trials]
+    pruned = [t for t in result.study.trials if t.state == TrialState.PRUNED]
+    assert pruned, states
+    assert all(t.user_attrs["pruned_at"]["examples"] < 8 for t in pruned)
+    assert result.knobs == OPTIMUM
+
+
+def test_two_workers_share_a_journal_study(tmp_path):
+    storage = f"journal:{tmp_path / 'study.log'}"
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "DSPY_CACHEDIR": str(tmp_path / "cache")}
+    tests_dir = str(Path(__file__).parent)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import optimizer_toys as t; "
+        "t.run_worker(sys.argv[2], int(sys.argv[3]), 10)"
+    )
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, tests_dir, storage, str(seed)], env=env, stderr=subprocess.PIPE
+        )
+        for seed in (1, 2)
+    ]
+    for worker in workers:
+        _, err = worker.communicate(timeout=240)
+        assert worker.returncode == 0, err.decode()[-3000:]
+    study = optuna.load_study(study_name="shared", storage=resolve_storage(storage, None))
+    finished = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert 10 <= len(finished) <= 11  # a worker may start one trial while the other finishes the last
+    assert len({t.number for t in study.trials}) == len(study.trials)
+    assert sum(1 for t in finished if t.params == {"top_k": 3, "max_step": 1}) >= 1
+    assert study.trials[0].params == {"top_k": 3, "max_step": 1}
+    assert {t.system_attrs.get("fixed_params") is not None for t in study.trials}.issuperset({True})
+    assert sum(1 for t in study.trials if t.system_attrs.get("fixed_params")) == 1  # defaults enqueued once
+
+
+def test_bad_settings_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="declares no search space"):
+        tune(toys.NoSpaceProgram, dataset="hotpotqa", valset=toys.examples(2), out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="objectives must be"):
+        _tune(tmp_path, objectives=("lm_calls",))
+    with pytest.raises(ConfigError, match="single objective"):
+        _tune(tmp_path, objectives=("quality", "tokens"), prune=True)
+    with pytest.raises(ConfigError, match="needs a trainset"):
+        _tune(tmp_path, compile="bootstrap")
+    with pytest.raises(ConfigError, match="unrecognized --storage"):
+        resolve_storage("somewhere", None)
+    with pytest.raises(ConfigError, match="not a completed trial"):
+        _tune(tmp_path, trials=2, pick=99)
+
+
+def test_storage_specs(tmp_path):
+    assert resolve_storage(None, tmp_path) == f"sqlite:///{(tmp_path / 'study.db').resolve()}"
+    assert resolve_storage(None, None) is None
+    assert resolve_storage("postgresql://u:pw@db/optuna", None) == "postgresql://u:pw@db/optuna"
+    assert redact_storage("postgresql://u:pw@db/optuna") == "postgresql://u:***@db/optuna"
+    assert isinstance(resolve_storage(str(tmp_path / "s.journal"), None), optuna.storages.JournalStorage)
+    assert resolve_storage(str(tmp_path / "s.db"), None).startswith("sqlite:///")
+
+
+def test_compile_after_search_keeps_tuned_knobs(tmp_path):
+    examples = toys.examples(8)
+    result = _tune(
+        tmp_path,
+        valset=examples[4:],
+        trainset=examples[:4],
+        compile="bootstrap",
+        compile_options={"max_labeled_demos": 0},
+        trials=16,
+    )
+    saved = json.loads((tmp_path / "best.json").read_text())
+    assert saved["knobs"] == OPTIMUM
+    assert saved["metadata"]["optimizer"] == "bootstrap"
+    assert len(saved["predictors"]["answer.predict"]["demos"]) == 4
+    assert result.program.knobs() == OPTIMUM
+
+
+def test_a_trial_where_every_example_fails_stops_the_study(tmp_path):
+    with pytest.raises(ConfigError, match="every example failed in trial 0"):
+        _tune(tmp_path, retriever=None, trials=3)
