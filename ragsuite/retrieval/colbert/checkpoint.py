@@ -63,11 +63,13 @@ def build_tiny_checkpoint(
     transformers = require("transformers", extra="colbert", feature="Building a ColBERT checkpoint")
     require("colbert", extra="colbert", feature="Building a ColBERT checkpoint")
     from colbert.infra.config import ColBERTConfig
-    from colbert.modeling.hf_colbert import class_factory
 
     from ragsuite.retrieval.colbert.compat import patch_colbert_for_transformers
 
     patch_colbert_for_transformers()
+    # Looked up after patching, so that the transformers-5 shim applies here too.
+    from colbert.modeling.hf_colbert import class_factory
+
     corpus = [t.render() if isinstance(t, Passage) else str(t) for t in texts]
     if not corpus:
         raise ConfigError("build_tiny_checkpoint needs some text to train its vocabulary on")
@@ -79,12 +81,22 @@ def build_tiny_checkpoint(
         corpus, vocab_size=vocab_size, min_frequency=1, special_tokens=list(SPECIAL_TOKENS)
     )
     wordpiece.save_model(str(out))
-    tokenizer = transformers.BertTokenizerFast(vocab_file=str(out / "vocab.txt"), do_lower_case=True)
+    wordpiece.save(str(out / "tokenizer.json"))
+    # Wrapping the trained tokenizer file (not rebuilding a BertTokenizerFast from vocab.txt) gives the
+    # same tokenizer under transformers 4 and 5, whose BERT tokenizer constructors differ.
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(out / "tokenizer.json"),
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+    )
     tokenizer.save_pretrained(str(out))
 
     torch.manual_seed(seed)
     bert_config = transformers.BertConfig(
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
@@ -101,5 +113,5 @@ def build_tiny_checkpoint(
     model = hf_colbert.from_pretrained(str(out), colbert_config=colbert_config)
     model.save_pretrained(str(out))
     colbert_config.save_for_checkpoint(str(out))
-    log.info("tiny ColBERT checkpoint (vocab %d, dim %d) written to %s", tokenizer.vocab_size, dim, out)
+    log.info("tiny ColBERT checkpoint (vocab %d, dim %d) written to %s", len(tokenizer), dim, out)
     return out
