@@ -197,3 +197,25 @@ def test_serve_retriever_cli_parses_and_builds(tmp_path):
         assert client.health()["retriever"]["kind"] == "bm25"
     with pytest.raises(ConfigError):
         build_server(build_parser().parse_args(["serve-retriever", "--backend", "colbert"]))
+
+
+def test_retrieve_eval_through_server_and_hybrid_specs(data_dir, tmp_path, capsys):
+    """`--retriever colbert-server:URL` and `hybrid:...` reach a served BM25 index through the CLI, with the
+    same recall as BM25 in-process."""
+    from ragsuite.cli import main
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    def recall(spec: str) -> dict:
+        argv = ["retrieve-eval", "--dataset", "strategyqa", "--retriever", spec, "--k", "5", "--json"]
+        assert main([*argv, "--data-dir", str(data_dir), "--cache-dir", str(tmp_path)]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    local = recall("bm25")
+    bm25 = BM25Retriever.from_dataset("strategyqa", data_dir=data_dir, cache_dir=tmp_path)
+    with RetrieverServer(bm25) as server:
+        served = recall(f"colbert-server:{server.url}")
+        assert served["recall@5"] == local["recall@5"] and served["n"] == local["n"]
+        # A hybrid of a retriever with itself is that retriever.
+        both = recall(f"hybrid:interleave:bm25+colbert-server:{server.url}")
+        assert both["recall@5"] == local["recall@5"]
+        assert recall(f"hybrid:rrf:colbert-server:{server.url}+bm25")["recall@5"] == local["recall@5"]
