@@ -197,6 +197,15 @@ def test_serve_retriever_cli_parses_and_builds(tmp_path):
         assert client.health()["retriever"]["kind"] == "bm25"
     with pytest.raises(ConfigError):
         build_server(build_parser().parse_args(["serve-retriever", "--backend", "colbert"]))
+    with pytest.raises(ConfigError, match="no ColBERT index"):
+        argv = ["serve-retriever", "--backend", "colbert", "--index", str(tmp_path / "none")]
+        build_server(build_parser().parse_args(argv))
+    # Any spec can be served, e.g. a hybrid of two BM25 indexes.
+    argv = ["serve-retriever", "--retriever", "hybrid:rrf:bm25:strategyqa+bm25:strategyqa", "--port", "0"]
+    argv += ["--cache-dir", str(tmp_path)]
+    with build_server(build_parser().parse_args(argv)) as server:
+        health = ColBERTv2Client(server.url).health()
+        assert health["retriever"]["spec"] == "hybrid:rrf:bm25:strategyqa+bm25:strategyqa"
 
 
 def test_retrieve_eval_through_server_and_hybrid_specs(data_dir, tmp_path, capsys):
@@ -219,3 +228,30 @@ def test_retrieve_eval_through_server_and_hybrid_specs(data_dir, tmp_path, capsy
         both = recall(f"hybrid:interleave:bm25+colbert-server:{server.url}")
         assert both["recall@5"] == local["recall@5"]
         assert recall(f"hybrid:rrf:colbert-server:{server.url}+bm25")["recall@5"] == local["recall@5"]
+
+
+@pytest.mark.slow
+def test_serve_retriever_process(tmp_path):
+    """The real command in a subprocess: it prints its URL, answers our client and dspy.ColBERTv2, stops on
+    SIGINT."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps(p.to_dict()) for p in CORPUS) + "\n")
+    env = {**os.environ, "RAGSUITE_CACHE": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "ragsuite", "serve-retriever", "--corpus", str(corpus), "--port", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"at (http://127\.0\.0\.1:\d+/api/search)", line)
+        assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = match.group(1)
+        assert ColBERTv2Client(url, retries=0)("Hamlet Shakespeare", 1)[0].id == "p1"
+        assert dspy.ColBERTv2(url=url)("Szczecin Stettin", k=1)[0]["pid"] == "p3"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0

@@ -10,6 +10,7 @@ from pathlib import Path
 from ragsuite.errors import ConfigError
 from ragsuite.retrieval.base import Retriever
 from ragsuite.retrieval.server import RetrieverServer
+from ragsuite.retrieval.spec import SPEC_HELP, build_retriever
 
 log = logging.getLogger("ragsuite.cli.serve_retriever")
 
@@ -29,6 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--backend", choices=("bm25", "colbert"), default="bm25", help="retriever to serve")
+    parser.add_argument(
+        "--retriever",
+        metavar="SPEC",
+        help=f"serve any retriever spec instead of --backend ({SPEC_HELP}); --dataset names its corpus",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--dataset", help="index this dataset's corpus.jsonl")
     source.add_argument("--corpus", type=Path, help='a JSONL corpus file of {"id", "title", "text"} lines')
@@ -59,6 +65,12 @@ def _corpus(args: argparse.Namespace) -> list:
 
 def build_retriever_for(args: argparse.Namespace) -> Retriever:
     """The retriever the parsed flags describe."""
+    if args.retriever:
+        if args.corpus is not None:
+            raise ConfigError("--retriever SPEC indexes a dataset (--dataset), not --corpus; use --backend")
+        return build_retriever(
+            args.retriever, dataset=args.dataset, data_dir=args.data_dir, cache_dir=args.cache_dir
+        )
     if args.backend == "bm25":
         from ragsuite.retrieval.bm25 import BM25Retriever
 
