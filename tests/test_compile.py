@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dspy
 import optimizer_toys as toys
 import pytest
@@ -181,3 +183,58 @@ def test_split_dev_is_seeded_and_disjoint():
     assert len(orders) > 1
     with pytest.raises(ConfigError, match="has 8"):
         split_dev(examples, train=5, val=5)
+
+
+@pytest.mark.slow
+def test_cli_compile_writes_a_program_file_eval_accepts(tmp_path):
+    from ragsuite.cli import main
+    from ragsuite.data.datasets import load_dataset
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+
+    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
+    out = tmp_path / "vanilla.json"
+    with LocalOpenAIServer(toys.grounded_responder(gold)) as server:
+        lm = ["--lm", "openai/scripted", "--api-base", server.api_base, "--no-cache"]
+        args = ["compile", "--program", "vanilla", "--dataset", "hotpotqa", "--optimizer", "bootstrap"]
+        code = main(
+            [
+                *args,
+                "--train",
+                "6",
+                "--val",
+                "4",
+                "--set",
+                "top_k=7",
+                "--threads",
+                "2",
+                "--out",
+                str(out),
+                *lm,
+            ]
+        )
+        assert code == 0
+        saved = json.loads(out.read_text())
+        assert saved["program"] == "vanilla" and saved["knobs"]["top_k"] == 7
+        assert saved["metadata"]["optimizer"] == "bootstrap"
+        assert set(saved["metadata"]["metrics"]) == {"baseline", "compiled"}
+        assert server.api_base not in out.read_text()
+        demos = [d for state in saved["predictors"].values() for d in state["demos"]]
+        assert demos and all(d["answer"] != "unknown" for d in demos)  # only passing runs became demos
+        code = main(
+            [
+                "eval",
+                "--program-file",
+                str(out),
+                "--dataset",
+                "hotpotqa",
+                "--limit",
+                "2",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "run"),
+                *lm,
+            ]
+        )
+        assert code == 0
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["n"] == 2

@@ -169,3 +169,53 @@ def test_compile_after_search_keeps_tuned_knobs(tmp_path):
 def test_a_trial_where_every_example_fails_stops_the_study(tmp_path):
     with pytest.raises(ConfigError, match="every example failed in trial 0"):
         _tune(tmp_path, retriever=None, trials=3)
+
+
+@pytest.mark.slow
+def test_cli_tune_then_eval_the_written_program(tmp_path, capsys):
+    from ragsuite.cli import main
+    from ragsuite.data.datasets import load_dataset
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+
+    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
+    out = tmp_path / "tune"
+    with LocalOpenAIServer(toys.grounded_responder(gold)) as server:
+        lm = ["--lm", "openai/scripted", "--api-base", server.api_base, "--no-cache"]
+        args = ["tune", "--program", "deepnote", "--dataset", "hotpotqa", "--trials", "4", "--val", "3"]
+        assert (
+            main([*args, "--objectives", "quality,lm_calls", "--threads", "2", "--out", str(out), *lm]) == 0
+        )
+        printed = capsys.readouterr().out
+        assert "Pareto front of study 'deepnote-hotpotqa-quality+lm_calls' (4 complete" in printed
+        assert (out / "pareto.png").is_file() and (out / "study.db").is_file()
+        saved = json.loads((out / "best.json").read_text())
+        trials = json.loads((out / "trials.json").read_text())
+        from ragsuite.programs.deepnote import DeepNote
+
+        assert trials[0]["knobs"] == {k: DeepNote.default_knobs()[k] for k in trials[0]["knobs"]}
+        assert {"top_k", "max_step", "max_failure", "max_passages"} <= set(trials[1]["knobs"])
+        assert saved["metadata"]["tuning"]["trial"] in [t["number"] for t in trials]
+        assert server.api_base not in (out / "best.json").read_text()
+        # A second run of the same command resumes: nothing left to do.
+        assert (
+            main([*args, "--objectives", "quality,lm_calls", "--threads", "2", "--out", str(out), *lm]) == 0
+        )
+        assert len(json.loads((out / "trials.json").read_text())) == 4
+        code = main(
+            [
+                "eval",
+                "--program-file",
+                str(out / "best.json"),
+                "--dataset",
+                "hotpotqa",
+                "--limit",
+                "2",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "run"),
+                *lm,
+            ]
+        )
+        assert code == 0
+        manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+        assert manifest["knobs"] == saved["knobs"]

@@ -1,9 +1,204 @@
-"""Placeholder until the command is implemented."""
+"""``ragsuite compile``: optimize a program's prompts with a DSPy optimizer and save it as a program file.
+
+Train and validation examples are disjoint slices of the dataset's dev split after a seeded shuffle
+(``--split-seed``): the first ``--train`` examples, then ``--val`` more. The held-out test splits are not
+shipped, so evaluate the result on dev examples outside both slices (or on your own test split).
+
+Example:
+    ragsuite compile --program vanilla --dataset hotpotqa --optimizer mipro --lm openai/gpt-4o-mini \\
+        --train 20 --val 30 --out vanilla-mipro.json
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ragsuite.errors import ConfigError
+
+log = logging.getLogger("ragsuite.cli.compile")
+
+OPTIMIZER_HELP = (
+    "bootstrap (BootstrapFewShot) | bootstrap-rs (random search over bootstrapped demo sets) | "
+    "mipro (MIPROv2, auto=light) | gepa (reflective instruction evolution; needs --teacher-lm) | simba"
+)
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, *, train: int, val: int) -> None:
+    """Dataset, split sizes, retriever and path flags shared by ``compile`` and ``tune``."""
+    from ragsuite.retrieval.spec import SPEC_HELP
+
+    parser.add_argument("--program", required=True, help="program name (ragsuite.programs.names())")
+    parser.add_argument("--dataset", required=True, help="dataset whose dev split is sliced into train/val")
+    parser.add_argument("--train", type=int, default=train, help=f"training examples (default {train})")
+    parser.add_argument("--val", type=int, default=val, help=f"validation examples (default {val})")
+    parser.add_argument(
+        "--split-seed", type=int, default=0, help="seed of the dev-split shuffle (default 0; keep it fixed)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="optimizer/sampler seed, also sent to the LM (default 0)"
+    )
+    parser.add_argument("--retriever", default=None, help=SPEC_HELP + "; 'none' for no retriever")
+    parser.add_argument("--threads", type=int, default=4, help="examples evaluated at once (default 4)")
+    parser.add_argument("--data-dir", help="dataset root (default $RAGSUITE_DATA or ../shared/data)")
+    parser.add_argument("--cache-dir", help="where retrieval indexes are kept (default $RAGSUITE_CACHE)")
+    parser.add_argument(
+        "--teacher-lm",
+        metavar="SPEC",
+        help="LM that bootstraps demos / proposes instructions / reflects (GEPA); served at --api-base "
+        "when given as openai/NAME",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    from ragsuite.cli.eval import add_lm_arguments
+
+    parser = subparsers.add_parser(
+        "compile",
+        help="optimize a program's prompts and demos with a DSPy optimizer",
+        description=__doc__.split("Example:")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_data_arguments(parser, train=20, val=30)
+    parser.add_argument("--optimizer", required=True, choices=_optimizers(), help=OPTIMIZER_HELP)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KNOB=VALUE", help="program knob (repeatable)"
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="optimizer option (repeatable; JSON values), e.g. --option max_metric_calls=200 "
+        "--option num_candidate_programs=4",
+    )
+    parser.add_argument("--no-eval", action="store_true", help="skip scoring before/after on the val slice")
+    parser.add_argument("--out", required=True, type=Path, help="program file to write (JSON)")
+    add_lm_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _optimizers() -> tuple[str, ...]:
+    return ("bootstrap", "bootstrap-rs", "mipro", "gepa", "simba")
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    """``["max_metric_calls=200", "auto=light"]`` -> ``{"max_metric_calls": 200, "auto": "light"}``."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--option expects KEY=VALUE, not {item!r}")
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return options
+
+
+def load_splits(args: argparse.Namespace, *, train: int) -> tuple[list[Any], list[Any]]:
+    from ragsuite.data.datasets import load_dataset
+    from ragsuite.optimizers.compile import split_dev
+
+    examples = load_dataset(args.dataset, data_dir=args.data_dir)
+    return split_dev(examples, train=train, val=args.val, seed=args.split_seed)
+
+
+def build_retriever_for(args: argparse.Namespace, cls: type) -> Any:
+    spec = args.retriever
+    if spec is None:
+        spec = "bm25" if getattr(cls, "uses_retriever", cls.name != "no-retrieval") else "none"
+    if spec == "none":
+        return None
+    from ragsuite.retrieval.spec import build_retriever
+
+    return build_retriever(spec, dataset=args.dataset, data_dir=args.data_dir, cache_dir=args.cache_dir)
+
+
+def build_teacher(args: argparse.Namespace) -> Any:
+    if not args.teacher_lm:
+        return None
+    from ragsuite.lm import build_lm
+
+    same_server = args.teacher_lm.startswith("openai/") or (
+        args.teacher_lm.startswith("vllm:") and "@" not in args.teacher_lm
+    )
+    return build_lm(
+        args.teacher_lm,
+        api_base=args.api_base if same_server else None,
+        api_key_env=args.api_key_env,
+        temperature=max(args.temperature, 0.7),  # teachers and reflection LMs need varied proposals
+        max_tokens=max(args.max_tokens, 2048),
+        timeout=args.timeout,
+        retries=args.retries,
+        cache=not args.no_cache,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import dspy
+
+    from ragsuite import programs
+    from ragsuite.cli.eval import build_lms, parse_knob_settings
+    from ragsuite.data.datasets import get_dataset_info
+    from ragsuite.lm import set_stage_lms
+    from ragsuite.optimizers import compile_program, save_program
+
+    if args.train < 1:
+        raise ConfigError("--train must be >= 1")
+    if args.threads < 1:
+        raise ConfigError("--threads must be >= 1")
+    info = get_dataset_info(args.dataset)
+    cls = programs.get(args.program)
+    knobs = parse_knob_settings(args.set, cls.KNOBS, args.program)
+    options = parse_options(args.option)
+    trainset, valset = load_splits(args, train=args.train)
+    main_lm, stage_lms, lm_public = build_lms(args)
+    teacher = build_teacher(args)
+    program = cls(retriever=build_retriever_for(args, cls), task=info.task, **knobs)
+    if stage_lms:
+        set_stage_lms(program, stage_lms)
+    metrics: dict[str, Any] = {}
+    with dspy.context(lm=main_lm):
+        if not args.no_eval and valset:
+            metrics["baseline"] = _score(program, valset, args)
+        compiled = compile_program(
+            program,
+            trainset,
+            valset or None,
+            optimizer=args.optimizer,
+            dataset=args.dataset,
+            teacher_lm=teacher,
+            threads=args.threads,
+            seed=args.seed,
+            **options,
+        )
+        if not args.no_eval and valset:
+            metrics["compiled"] = _score(compiled, valset, args)
+    metadata = {
+        "lm": lm_public["lm"].get("model"),
+        "teacher_lm": args.teacher_lm.partition("@")[0] if args.teacher_lm else None,
+        "dataset": args.dataset,
+        "split_seed": args.split_seed,
+        "metrics": metrics,
+    }
+    path = save_program(compiled, args.out, metadata=metadata)
+    demos = sum(len(p.demos) for _, p in compiled.named_predictors())
+    print(f"compiled {args.program} with {args.optimizer}: {demos} demos, {len(trainset)} train examples")
+    primary = info.primary_metric
+    for label in ("baseline", "compiled"):
+        if label in metrics:
+            score = metrics[label]["metrics"].get(primary, 0.0)
+            print(f"  {label:9s} {primary} on {len(valset)} val examples: {100 * score:.1f}")
+    print(f"program file: {path}")
+    return 0
+
+
+def _score(program: Any, examples: list[Any], args: argparse.Namespace) -> dict[str, Any]:
+    from ragsuite.evaluate import evaluate
+
+    result = evaluate(program, examples, dataset=args.dataset, threads=args.threads, progress=False)
+    return {"metrics": result.metrics, "cost": result.cost, "n": result.n, "errors": result.errors}

@@ -1,9 +1,138 @@
-"""Placeholder until the command is implemented."""
+"""``ragsuite tune``: search a program's knobs with Optuna on a validation slice of the dev split.
+
+The validation slice is the first ``--val`` dev examples after a seeded shuffle (``--split-seed``); with
+``--compile`` the ``--train`` examples before them are used to compile prompts. The study lives in
+``OUT/study.db`` unless ``--storage`` names a shared one (``journal:PATH``, ``postgresql://...``); start
+the same command on several machines (each with its own ``--seed``) to share the work. ``--trials`` is the
+study's total: re-running resumes. The chosen trial is written to ``OUT/best.json``, which
+``ragsuite eval --program-file`` and ``ragsuite.load`` accept.
+
+Cost: every trial is one evaluation of ``--val`` examples. ``--compile OPT`` adds one compile after the
+search; ``--compile-each`` compiles in every trial (trials x one compile, e.g. 30 MIPROv2 runs).
+
+Example:
+    ragsuite tune --program deepnote --dataset hotpotqa --lm openai/gpt-4o-mini --trials 30 \\
+        --objectives quality,lm_calls --val 50 --threads 8 --out runs/tune-deepnote
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from ragsuite.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    from ragsuite.cli.compile import OPTIMIZER_HELP, add_data_arguments
+    from ragsuite.cli.eval import add_lm_arguments
+
+    parser = subparsers.add_parser(
+        "tune",
+        help="search a program's knobs with Optuna (multi-objective, pruning, shared studies)",
+        description=__doc__.split("Example:")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_data_arguments(parser, train=20, val=50)
+    parser.add_argument("--trials", type=int, required=True, help="total trials in the study")
+    parser.add_argument(
+        "--objectives",
+        default="quality",
+        help="quality, optionally followed by costs to minimize: quality[,lm_calls|tokens|retrievals]",
+    )
+    parser.add_argument(
+        "--quality-metric", help="metric maximized as quality (default: the dataset's primary)"
+    )
+    parser.add_argument(
+        "--storage",
+        help="shared study storage: journal:PATH (or a .log/.journal file), an SQLite file, or a database "
+        "URL such as postgresql://user@host/db (default: OUT/study.db)",
+    )
+    parser.add_argument("--study", help="study name (default PROGRAM-DATASET-OBJECTIVES)")
+    parser.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="default tpe (seeded)")
+    parser.add_argument("--prune", action="store_true", help="prune trials on their running score")
+    parser.add_argument("--prune-every", type=int, help="examples between pruning checks (default val/4)")
+    parser.add_argument(
+        "--compile",
+        choices=("bootstrap", "bootstrap-rs", "mipro", "gepa", "simba"),
+        help="also compile prompts: " + OPTIMIZER_HELP,
+    )
+    parser.add_argument("--compile-each", action="store_true", help="compile inside every trial (costly)")
+    parser.add_argument("--pick", type=int, metavar="TRIAL", help="write this trial instead of the best")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    add_lm_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragsuite import programs
+    from ragsuite.cli.compile import build_retriever_for, build_teacher, load_splits
+    from ragsuite.cli.eval import build_lms
+    from ragsuite.optimizers import tune
+
+    if args.threads < 1:
+        raise ConfigError("--threads must be >= 1")
+    if args.val < 1:
+        raise ConfigError("--val must be >= 1")
+    cls = programs.get(args.program)
+    objectives = tuple(o.strip() for o in args.objectives.split(",") if o.strip())
+    trainset, valset = load_splits(args, train=args.train if args.compile else 0)
+    main_lm, stage_lms, _ = build_lms(args)
+    program_kwargs: dict[str, Any] = {}
+    result = tune(
+        cls,
+        dataset=args.dataset,
+        valset=valset,
+        retriever=build_retriever_for(args, cls),
+        lm=main_lm,
+        trials=args.trials,
+        objectives=objectives,
+        quality_metric=args.quality_metric,
+        out_dir=args.out,
+        storage=args.storage,
+        study_name=args.study,
+        sampler=args.sampler,
+        seed=args.seed,
+        threads=args.threads,
+        prune=args.prune,
+        prune_every=args.prune_every,
+        compile=args.compile,
+        compile_each=args.compile_each,
+        trainset=trainset,
+        teacher_lm=build_teacher(args),
+        pick=args.pick,
+        program_kwargs=program_kwargs,
+        stage_lms=stage_lms or None,
+    )
+    print(format_front(result))
+    for label, path in result.files.items():
+        print(f"{label}: {path}")
+    return 0
+
+
+def format_front(result: Any) -> str:
+    """The Pareto front (or the best trial) as a text table, scores in percent."""
+    objectives = list(result.objectives)
+    header = ["trial", *objectives, "knobs"]
+    rows = []
+    for point in result.pareto:
+        values = point["values"] or []
+        cells = [f"#{point['number']}"]
+        for name, value in zip(objectives, values, strict=False):
+            cells.append(f"{100 * value:.1f}" if name == "quality" else f"{value:.2f}")
+        cells.append(", ".join(f"{k}={v}" for k, v in point["knobs"].items()))
+        rows.append(cells)
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    ]
+    done = sum(1 for t in result.study.trials if t.state.name == "COMPLETE")
+    pruned = sum(1 for t in result.study.trials if t.state.name == "PRUNED")
+    title = "Pareto front" if len(objectives) > 1 else "best trial"
+    lines.insert(
+        0,
+        f"{title} of study {result.study.study_name!r} ({done} complete, {pruned} pruned); "
+        f"written: trial #{result.trial.number}",
+    )
+    return "\n".join(lines)

@@ -109,6 +109,8 @@ def compile_program(
         seed: Seed of the optimizer's random choices.
         **opts: Passed to the optimizer's constructor or its ``compile`` (e.g. ``max_bootstrapped_demos``,
             ``num_candidate_programs``, ``num_trials``, ``minibatch``, ``max_metric_calls``, ``bsize``).
+            ``max_labeled_demos`` defaults to 0: dataset examples carry ``question``/``answers``, not the
+            inputs and outputs of each stage, so only bootstrapped (traced) demos fit a stage's prompt.
 
     Returns:
         The compiled program; its ``optimization`` dict (saved as the file's metadata) names the optimizer.
@@ -133,10 +135,12 @@ def compile_program(
 
     if optimizer == "bootstrap":
         init, comp = _split_options(tp.BootstrapFewShot, opts)
+        init.setdefault("max_labeled_demos", 0)
         init.setdefault("teacher_settings", _teacher_settings(teacher_lm))
         compiled = tp.BootstrapFewShot(metric=scoring, **init).compile(program, trainset=trainset, **comp)
     elif optimizer == "bootstrap-rs":
         init, comp = _split_options(tp.BootstrapFewShotWithRandomSearch, opts)
+        init.setdefault("max_labeled_demos", 0)
         init.setdefault("teacher_settings", _teacher_settings(teacher_lm))
         init.setdefault("num_candidate_programs", 8)
         init.setdefault("num_threads", threads)
@@ -148,6 +152,7 @@ def compile_program(
         )
     elif optimizer == "mipro":
         init, comp = _split_options(tp.MIPROv2, opts)
+        init.setdefault("max_labeled_demos", 0)
         if "num_candidates" in init or "num_trials" in comp:
             init.setdefault("auto", None)
         init.setdefault("teacher_settings", _teacher_settings(teacher_lm))

@@ -327,6 +327,7 @@ def tune(
     teacher_lm: dspy.LM | None = None,
     pick: int | None = None,
     program_kwargs: dict[str, Any] | None = None,
+    stage_lms: dict[str, dspy.BaseLM] | None = None,
     evaluate_fn: Callable[..., Any] | None = None,
 ) -> TuneResult:
     """Search a program's knobs with Optuna; write the chosen program as a program file.
@@ -361,6 +362,7 @@ def tune(
         teacher_lm: Teacher/reflection LM for compiling.
         pick: Write this trial (number) instead of the best one, e.g. a chosen Pareto point.
         program_kwargs: Fixed constructor arguments for every trial (not tuned).
+        stage_lms: Per-stage LMs (``{"route": small_lm}``) given to every trial's program.
         evaluate_fn: Replacement for :func:`ragsuite.evaluate.evaluate` (same signature and result).
 
     Returns:
@@ -428,11 +430,19 @@ def tune(
     def lm_scope() -> contextlib.AbstractContextManager[Any]:
         return dspy.context(lm=lm) if lm is not None else contextlib.nullcontext()
 
+    def with_stage_lms(built: RAGProgram) -> RAGProgram:
+        if stage_lms:
+            from ragsuite.lm import set_stage_lms
+
+            set_stage_lms(built, stage_lms)
+        return built
+
     def build(knobs: dict[str, Any]) -> RAGProgram:
         try:
-            return cls(retriever=retriever, task=info.task, **fixed, **knobs)
+            built = cls(retriever=retriever, task=info.task, **fixed, **knobs)
         except TypeError as exc:
             raise ConfigError(f"cannot build {cls.name} with knobs {knobs}: {exc}") from exc
+        return with_stage_lms(built)
 
     def compile_for(built: RAGProgram) -> RAGProgram:
         from ragsuite.optimizers.compile import compile_program
@@ -514,7 +524,7 @@ def tune(
     if "program_file" in chosen.user_attrs and Path(chosen.user_attrs["program_file"]).is_file():
         from ragsuite.optimizers.artifacts import load_program
 
-        best = load_program(chosen.user_attrs["program_file"], retriever=retriever, **fixed)
+        best = with_stage_lms(load_program(chosen.user_attrs["program_file"], retriever=retriever, **fixed))
     else:
         best = build(knobs)
         if compile is not None:

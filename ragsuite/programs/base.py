@@ -123,6 +123,20 @@ class RAGProgram(dspy.Module):
         params = inspect.signature(cls.__init__).parameters
         return {k: params[k].default for k in cls.KNOBS if k in params}
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> RAGProgram:
+        """Copy predictors and settings but share retrievers: optimizers copy programs many times, and a
+        retriever (an index, a client with locks) is read-only, thread-safe and often too big to copy."""
+        import copy
+
+        for value in self.__dict__.values():
+            if isinstance(value, Retriever) and not isinstance(value, dspy.Module):
+                memo[id(value)] = value
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            new.__dict__[name] = copy.deepcopy(value, memo)
+        return new
+
     def save(self, path: str, **kwargs: Any) -> None:  # type: ignore[override]
         """Save knobs, retriever description, instructions and demos as JSON (see ``ragsuite.load``)."""
         from ragsuite.optimizers.artifacts import save_program
