@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
-from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.errors import ConfigError, RagsuiteError, RetrievalError
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.retrieval.merge import interleave, rrf
 
@@ -72,7 +72,7 @@ class HybridRetriever:
         def guarded(index: int, retriever: Retriever) -> T:
             try:
                 return call(retriever)
-            except RetrievalError:
+            except RagsuiteError:  # already says what went wrong (e.g. k above a server's limit)
                 raise
             except Exception as exc:  # a member that breaks the contract still must not pass silently
                 raise RetrievalError(
