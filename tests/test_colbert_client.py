@@ -207,3 +207,21 @@ def test_spec_builds_client():
         assert again.url == retriever.url
     with pytest.raises(ConfigError):
         build_retriever("colbert-server:")
+
+
+def test_batch_probe_falls_back_when_post_fails():
+    """A server that crashes (500) on the unknown batch body: auto mode falls back to GETs at once."""
+
+    def flask_like(method, path, data, attempt):
+        if method == "POST":
+            return 500, {"error": True, "message": "KeyError: 'query'"}
+        return 200, {"topk": [hit(1, f"T | {data['query']}")]}
+
+    with Scripted(flask_like) as srv:
+        client = ColBERTv2Client(srv.url, retries=3, backoff=1.0)
+        start = time.perf_counter()
+        assert [r[0].text for r in client.batch(["a", "b"], 1)] == ["a", "b"]
+        assert time.perf_counter() - start < 0.9  # no retry sleeps for the probe
+        assert [m for m, _, _ in srv.requests].count("POST") == 1
+        with pytest.raises(RetrievalError, match="HTTP 500"):
+            ColBERTv2Client(srv.url, retries=0, method="post").batch(["a"], 1)

@@ -150,29 +150,31 @@ class ColBERTv2Client:
         if not queries:
             return []
         if self._batch_supported is not False:
+            # The first batch in "auto" mode is a probe: any failure means "send one query per request".
+            probing = self.method == "auto" and self._batch_supported is None
             try:
-                reply = self._request("POST", self.url, {"queries": queries, "k": k})
-            except _HTTPFailure as exc:
-                if self.method == "auto" and exc.status in _NO_BATCH_STATUSES:
-                    log.info(
-                        "%s has no batch endpoint (HTTP %d); sending one query per request",
-                        self.url,
-                        exc.status,
-                    )
-                    self._batch_supported = False
-                else:
-                    raise self._error(exc) from None
+                reply = self._request(
+                    "POST", self.url, {"queries": queries, "k": k}, attempts=1 if probing else None
+                )
+            except (_HTTPFailure, RetrievalError) as exc:
+                no_batch = isinstance(exc, _HTTPFailure) and exc.status in _NO_BATCH_STATUSES
+                if not (probing or (self.method == "auto" and no_batch)):
+                    raise self._error(exc) if isinstance(exc, _HTTPFailure) else exc from None
+                log.info(
+                    "%s did not answer a batched POST (%s); sending one query per request", self.url, exc
+                )
+                self._batch_supported = False
             else:
                 results = reply.get("results")
                 if isinstance(results, list) and len(results) == len(queries):
                     self._batch_supported = True
                     return [self._passages(r if isinstance(r, dict) else {}, k) for r in results]
-                if self.method == "post" or "topk" not in reply:
+                if self.method == "post":
                     raise RetrievalError(
                         f"ColBERT server {_public_url(self.url)} answered a batch of {len(queries)} queries "
                         "without a matching 'results' list"
                     )
-                # A server that ignored "queries" and answered a single query: it cannot batch.
+                # A server that ignored "queries" (answered one query, or nothing useful): it cannot batch.
                 self._batch_supported = False
         if len(queries) == 1:
             return [self(queries[0], k)]
