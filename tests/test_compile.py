@@ -238,3 +238,14 @@ def test_cli_compile_writes_a_program_file_eval_accepts(tmp_path):
         assert code == 0
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["n"] == 2
+
+
+def test_program_copies_share_the_retriever_but_not_predictors():
+    import copy
+
+    program = _program(top_k=5)
+    clone = copy.deepcopy(program)
+    assert clone.retriever is program.retriever
+    assert clone.answer is not program.answer and clone.knobs() == program.knobs()
+    clone.answer.predict.demos.append({"question": "q", "answer": "a"})
+    assert program.answer.predict.demos == []

@@ -186,8 +186,12 @@ def run(args: argparse.Namespace) -> int:
         "metrics": metrics,
     }
     path = save_program(compiled, args.out, metadata=metadata)
-    demos = sum(len(p.demos) for _, p in compiled.named_predictors())
-    print(f"compiled {args.program} with {args.optimizer}: {demos} demos, {len(trainset)} train examples")
+    predictors = compiled.named_predictors()
+    demos = sum(len(p.demos) for _, p in predictors)
+    print(
+        f"compiled {args.program} with {args.optimizer} on {len(trainset)} train examples: "
+        f"{demos} demos across {len(predictors)} predictors"
+    )
     primary = info.primary_metric
     for label in ("baseline", "compiled"):
         if label in metrics:

@@ -1,7 +1,8 @@
 """``ragsuite tune``: search a program's knobs with Optuna on a validation slice of the dev split.
 
-The validation slice is the first ``--val`` dev examples after a seeded shuffle (``--split-seed``); with
-``--compile`` the ``--train`` examples before them are used to compile prompts. The study lives in
+Examples are the slices ``ragsuite compile`` uses: after a seeded shuffle of the dev split
+(``--split-seed``), the first ``--train`` examples (compiled on with ``--compile``) and the ``--val`` after
+them (every trial is scored on these), whether or not ``--compile`` is given. The study lives in
 ``OUT/study.db`` unless ``--storage`` names a shared one (``journal:PATH``, ``postgresql://...``); start
 the same command on several machines (each with its own ``--seed``) to share the work. ``--trials`` is the
 study's total: re-running resumes. The chosen trial is written to ``OUT/best.json``, which
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--val must be >= 1")
     cls = programs.get(args.program)
     objectives = tuple(o.strip() for o in args.objectives.split(",") if o.strip())
-    trainset, valset = load_splits(args, train=args.train if args.compile else 0)
+    trainset, valset = load_splits(args, train=args.train)
     main_lm, stage_lms, _ = build_lms(args)
     program_kwargs: dict[str, Any] = {}
     result = tune(
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         prune_every=args.prune_every,
         compile=args.compile,
         compile_each=args.compile_each,
-        trainset=trainset,
+        trainset=trainset if args.compile else None,
         teacher_lm=build_teacher(args),
         pick=args.pick,
         program_kwargs=program_kwargs,

@@ -225,7 +225,9 @@ def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
     return sorted(front, key=lambda t: (-t.values[0], *t.values[1:], t.number))
 
 
-def plot_pareto(study: optuna.Study, objectives: Sequence[str], path: Path, *, title: str = "") -> Path:
+def plot_pareto(
+    study: optuna.Study, objectives: Sequence[str], path: Path, *, title: str = "", quality: str = "quality"
+) -> Path:
     """Scatter every completed trial (quality against each cost objective) with the Pareto front drawn.
 
     Raises:
@@ -255,16 +257,15 @@ def plot_pareto(study: optuna.Study, objectives: Sequence[str], path: Path, *, t
             ms=6,
             label="Pareto front",
         )
+        # Trials with identical scores share one label: "#13 (+7)".
+        labels: dict[tuple[float, float], list[int]] = {}
         for t in ordered:
-            axis.annotate(
-                f"#{t.number}",
-                (t.values[i], t.values[0]),
-                textcoords="offset points",
-                xytext=(4, 4),
-                fontsize=8,
-            )
+            labels.setdefault((t.values[i], t.values[0]), []).append(t.number)
+        for (x, y), numbers in labels.items():
+            text = f"#{numbers[0]}" + (f" (+{len(numbers) - 1})" if len(numbers) > 1 else "")
+            axis.annotate(text, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
         axis.set_xlabel(f"{cost} per question (lower is better)")
-        axis.set_ylabel("quality (higher is better)")
+        axis.set_ylabel(f"{quality} (higher is better)")
         axis.grid(alpha=0.3)
         axis.legend(loc="lower right", fontsize=8)
     if title:
@@ -565,6 +566,7 @@ def tune(
                     objectives,
                     out / "pareto.png",
                     title=f"{cls.name} on {dataset}: {len(completed)} trials",
+                    quality=quality,
                 )
             except MissingExtraError as exc:
                 log.warning("%s; pareto.json was written without the plot", exc)
