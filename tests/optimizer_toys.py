@@ -198,13 +198,22 @@ def toy_evaluate(
     )
 
 
-def run_worker(storage: str, seed: int, trials: int) -> None:
-    """One tuning process sharing ``storage`` with others (run as a subprocess by the tests)."""
+def run_worker(storage: str, seed: int, trials: int, barrier: str = "", workers: int = 2) -> None:
+    """One tuning process sharing ``storage`` with others (run as a subprocess by the tests). With a
+    ``barrier`` folder, it waits until ``workers`` processes are ready so that all of them take part."""
+    import time
+    from pathlib import Path
+
     import dspy
 
     from ragsuite.optimizers import tune
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+    if barrier:
+        Path(barrier, f"ready-{seed}").touch()
+        deadline = time.monotonic() + 120
+        while len(list(Path(barrier).glob("ready-*"))) < workers and time.monotonic() < deadline:
+            time.sleep(0.05)
     tune(
         ToyProgram,
         dataset="hotpotqa",

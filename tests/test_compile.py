@@ -249,3 +249,20 @@ def test_program_copies_share_the_retriever_but_not_predictors():
     assert clone.answer is not program.answer and clone.knobs() == program.knobs()
     clone.answer.predict.demos.append({"question": "q", "answer": "a"})
     assert program.answer.predict.demos == []
+
+
+def test_default_metric_is_the_datasets_primary_metric(lm):
+    program = _program(top_k=5, max_step=2)
+    with dspy.context(lm=lm):
+        compiled = compile_program(program, toys.examples()[:3], optimizer="bootstrap", dataset="hotpotqa")
+        gepa = compile_program(
+            _program(top_k=5, max_step=1),
+            toys.examples()[:3],
+            optimizer="gepa",
+            dataset="hotpotqa",
+            reflection_lm=lm,
+            max_metric_calls=20,
+            threads=1,
+        )
+    assert len(dict(compiled.named_predictors())["answer.predict"].demos) == 3
+    assert dict(gepa.named_predictors())["answer.predict"].signature.instructions.startswith("Scripted")

@@ -104,11 +104,13 @@ def test_two_workers_share_a_journal_study(tmp_path):
     tests_dir = str(Path(__file__).parent)
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]); import optimizer_toys as t; "
-        "t.run_worker(sys.argv[2], int(sys.argv[3]), 10)"
+        "t.run_worker(sys.argv[2], int(sys.argv[3]), 10, sys.argv[4])"
     )
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", code, tests_dir, storage, str(seed)], env=env, stderr=subprocess.PIPE
+            [sys.executable, "-c", code, tests_dir, storage, str(seed), str(tmp_path)],
+            env=env,
+            stderr=subprocess.PIPE,
         )
         for seed in (1, 2)
     ]
@@ -119,6 +121,7 @@ def test_two_workers_share_a_journal_study(tmp_path):
     finished = [t for t in study.trials if t.state == TrialState.COMPLETE]
     assert 10 <= len(finished) <= 11  # a worker may start one trial while the other finishes the last
     assert len({t.number for t in study.trials}) == len(study.trials)
+    assert len({t.user_attrs["worker"] for t in finished}) == 2  # both processes ran trials
     assert sum(1 for t in finished if t.params == {"top_k": 3, "max_step": 1}) >= 1
     assert study.trials[0].params == {"top_k": 3, "max_step": 1}
     assert {t.system_attrs.get("fixed_params") is not None for t in study.trials}.issuperset({True})

@@ -30,6 +30,7 @@ import logging
 import os
 import random
 import re
+import socket
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -214,6 +215,7 @@ def summarize_trial(trial: FrozenTrial) -> dict[str, Any]:
         "knobs": trial.user_attrs.get("knobs", dict(trial.params)),
         "metrics": trial.user_attrs.get("metrics"),
         "cost": trial.user_attrs.get("cost"),
+        "worker": trial.user_attrs.get("worker"),
         **({"pruned_at": trial.user_attrs["pruned_at"]} if "pruned_at" in trial.user_attrs else {}),
         **({"program_file": trial.user_attrs["program_file"]} if "program_file" in trial.user_attrs else {}),
     }
@@ -340,6 +342,8 @@ def tune(
         retriever: Shared by every trial's program.
         lm: LM the trials run with; defaults to the one in effect (``dspy.context``).
         trials: Total trials the study should hold (finished or pruned); a re-run adds only the missing ones.
+            With several workers sharing a study, each stops once the total is reached, so the study can
+            end with up to (workers - 1) extra trials, the ones still running at that moment.
         objectives: ``quality`` first, then any of ``lm_calls``, ``tokens``, ``retrievals`` (minimized).
         quality_metric: Metric maximized as quality; defaults to the dataset's primary metric.
         out_dir: Where ``study.db`` (default storage), ``trials.json``, ``pareto.json``/``pareto.png`` and
@@ -460,11 +464,14 @@ def tune(
             **(compile_options or {}),
         )
 
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+
     def objective(trial: optuna.Trial) -> list[float] | float:
         knobs = cls.search_space(trial)
         if not isinstance(knobs, dict) or not knobs:
             raise ConfigError(f"{cls.__name__}.search_space must return a non-empty dict of knobs")
         trial.set_user_attr("knobs", knobs)
+        trial.set_user_attr("worker", worker)
         built = build(knobs)
         on_record = _PruneReporter(trial, quality, len(examples), every) if prune else None
         with lm_scope():
@@ -492,8 +499,9 @@ def tune(
         return len(study.get_trials(deepcopy=False, states=tuple(states)))
 
     def stop_when_full(study_: optuna.Study, _trial: FrozenTrial) -> None:
-        # Trials other workers are running count too, so concurrent workers stop near the total.
-        if counted((*_FINISHED, TrialState.RUNNING)) >= trials:
+        # Other workers' finished trials count too. Running ones do not: a worker killed mid-trial leaves its
+        # trial RUNNING forever, which must not block the study. So W workers may end W-1 trials over.
+        if counted(_FINISHED) >= trials:
             study_.stop()
 
     if not study.trials:
