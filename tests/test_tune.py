@@ -222,3 +222,17 @@ def test_cli_tune_then_eval_the_written_program(tmp_path, capsys):
         assert code == 0
         manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
         assert manifest["knobs"] == saved["knobs"]
+
+
+def test_compile_each_compiles_every_trial_and_keeps_the_chosen_one(tmp_path):
+    examples = toys.examples(8)
+    result = _tune(
+        tmp_path, valset=examples[4:], trainset=examples[:4], compile="bootstrap", compile_each=True, trials=3
+    )
+    files = sorted(p.name for p in (tmp_path / "trials").glob("*.json"))
+    assert files == ["trial-0.json", "trial-1.json", "trial-2.json"]
+    saved = json.loads((tmp_path / "best.json").read_text())
+    assert saved["knobs"] == result.knobs
+    assert saved["metadata"]["tuning"]["compile_each"] is True
+    chosen = json.loads((tmp_path / "trials" / f"trial-{result.trial.number}.json").read_text())
+    assert saved["predictors"] == chosen["predictors"]
