@@ -25,10 +25,10 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,17 +155,26 @@ def _jsonable(value: Any) -> Any:
 
 
 def _run_example(
-    program: Callable[..., Any], example: Any, ex_id: str, dataset: str, model_hint: str | None
+    program: Callable[..., Any],
+    example: Any,
+    ex_id: str,
+    dataset: str,
+    model_hint: str | None,
+    count_cache_hits: bool = True,
 ) -> dict[str, Any]:
     from ragsuite.data.metrics import retrieval_recall, score_example
 
-    counter = _CallCounter()
+    # Cache hits never reach the usage tracker, so they are counted with a callback; callbacks make every
+    # module, adapter and LM call costlier, hence only when some LM can hit the cache.
+    counter = _CallCounter() if count_cache_hits else None
     usage = _Usage()
-    callbacks = [*dspy.settings.get("callbacks", []), counter]
+    overrides: dict[str, Any] = {"track_usage": True, "usage_tracker": usage}
+    if counter is not None:
+        overrides["callbacks"] = [*dspy.settings.get("callbacks", []), counter]
     started = time.perf_counter()
     prediction = None
     error = None
-    with dspy.context(track_usage=True, usage_tracker=usage, callbacks=callbacks):
+    with dspy.context(**overrides):
         try:
             prediction = program(question=example.question)
         except RagsuiteError as exc:  # retrieval failures, refused questions: this example only
@@ -186,9 +195,9 @@ def _run_example(
         "tokens": {
             "input": prompt_tokens,
             "output": completion_tokens,
-            "lm_invocations": counter.calls,
+            "lm_invocations": counter.calls if counter is not None else usage.requests,
             "requests": usage.requests,
-            "cache_hits": max(counter.calls - usage.requests, 0),
+            "cache_hits": max(counter.calls - usage.requests, 0) if counter is not None else 0,
             "by_lm": by_lm,
         },
     }
@@ -503,6 +512,7 @@ def evaluate(
             log.info("resuming %s: %d of %d examples already done", store.dir, len(done), len(ids))
     todo = [(ex, i) for ex, i in zip(examples, ids, strict=True) if i not in done]
     model_hint = getattr(dspy.settings.get("lm"), "model", None)
+    count_cache_hits = _may_hit_cache(program)
 
     new: dict[str, dict[str, Any]] = {}
     errors = 0
@@ -512,56 +522,92 @@ def evaluate(
     for record in done.values():
         bar.add(record, count=False)
 
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ragsuite-eval")
-    pending: set[Future[dict[str, Any]]] = set()
-    queue = iter(todo)
+    # Workers pull the next example themselves, so no slot waits on the caller's thread (which persists
+    # records, fsyncs and runs on_record); each example runs in its own copy of the caller's context.
+    base_context = contextvars.copy_context()
+    results: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    halt = threading.Event()
+    take_lock = threading.Lock()
+    remaining = iter(todo)
+    # Workers may run at most this many examples ahead of the records the caller has handled, so that a
+    # stop requested from on_record takes effect quickly.
+    ahead = threading.BoundedSemaphore(2 * threads)
+    failures = [0]
 
-    def submit_next() -> bool:
-        item = next(queue, None)
-        if item is None:
-            return False
-        ctx = contextvars.copy_context()
-        pending.add(pool.submit(ctx.run, _run_example, program, item[0], item[1], dataset, model_hint))
-        return True
-
-    try:
-        for _ in range(threads):
-            if not submit_next():
-                break
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                pending.discard(future)
+    def worker() -> None:
+        try:
+            while not halt.is_set():
+                ahead.acquire()
+                if halt.is_set():
+                    return
+                with take_lock:
+                    item = next(remaining, None)
+                if item is None:
+                    return
                 try:
-                    record = future.result()
-                except _Fatal as exc:
-                    if deferred is None:
-                        stopped, deferred = str(exc), LMEndpointError(str(exc))
-                    continue
-                if store is not None:
-                    store.append(record)
-                new[record["id"]] = record
-                bar.add(record)
-                if record["error"]:
-                    errors += 1
-                    log.warning("example %s failed: %s", record["id"], record["error"]["message"][:300])
-                    if max_errors is not None and errors >= max_errors and stopped is None:
-                        stopped = f"max_errors={max_errors} reached"
-                if on_record is not None and deferred is None:
-                    try:
-                        on_record(record)
-                    except BaseException as exc:  # e.g. optuna.TrialPruned: stop, persist, then re-raise
-                        stopped, deferred = f"on_record raised {type(exc).__name__}", exc
-            while stopped is None and len(pending) < threads and submit_next():
-                pass
+                    record = base_context.copy().run(
+                        _run_example, program, item[0], item[1], dataset, model_hint, count_cache_hits
+                    )
+                except BaseException as exc:  # _Fatal, or a bug in the harness: stop everyone
+                    halt.set()
+                    results.put(("raised", exc))
+                    return
+                if record["error"] and max_errors is not None:
+                    with take_lock:
+                        failures[0] += 1
+                        if failures[0] >= max_errors:
+                            halt.set()
+                results.put(("record", record))
+        finally:
+            results.put(("exit", None))
+
+    workers = [
+        threading.Thread(target=worker, name=f"ragsuite-eval-{i}", daemon=True)
+        for i in range(min(threads, len(todo)))
+    ]
+    try:
+        for thread in workers:
+            thread.start()
+        running = len(workers)
+        while running:
+            try:
+                kind, payload = results.get(timeout=0.5)  # a timeout keeps Ctrl-C responsive
+            except queue.Empty:
+                continue
+            if kind == "exit":
+                running -= 1
+                continue
+            if kind == "raised":
+                if deferred is None:
+                    if isinstance(payload, _Fatal):
+                        stopped, deferred = str(payload), LMEndpointError(str(payload))
+                    else:
+                        stopped, deferred = f"{type(payload).__name__}: {payload}", payload
+                continue
+            record = payload
+            if store is not None:
+                store.append(record)
+            new[record["id"]] = record
+            bar.add(record)
+            if record["error"]:
+                errors += 1
+                log.warning("example %s failed: %s", record["id"], record["error"]["message"][:300])
+                if max_errors is not None and errors >= max_errors and stopped is None:
+                    stopped = f"max_errors={max_errors} reached"
+            if on_record is not None and deferred is None:
+                try:
+                    on_record(record)
+                except BaseException as exc:  # e.g. optuna.TrialPruned: stop, persist, then re-raise
+                    stopped, deferred = f"on_record raised {type(exc).__name__}", exc
+                    halt.set()
+            ahead.release()
     except BaseException:
-        # Ctrl-C or a bug: the examples in flight are lost, everything finished is on disk.
-        pool.shutdown(wait=False, cancel_futures=True)
+        # Ctrl-C: the examples in flight are lost (daemon threads), everything finished is on disk.
+        halt.set()
         bar.close()
         if store is not None:
             store.close()
         raise
-    pool.shutdown(wait=True)
     bar.close()
 
     by_id = {**done, **new}
@@ -591,6 +637,15 @@ def evaluate(
     if deferred is not None:
         raise deferred
     return result
+
+
+def _may_hit_cache(program: Any) -> bool:
+    """Whether any LM the program would call (the context's or a stage's) uses DSPy's response cache."""
+    lms = [dspy.settings.get("lm")]
+    named = getattr(program, "named_predictors", None)
+    if callable(named):
+        lms += [getattr(predictor, "lm", None) for _, predictor in named()]
+    return any(bool(getattr(lm, "cache", False)) for lm in lms if lm is not None) or not lms
 
 
 def default_manifest(program: Any, dataset: str, ids: Sequence[str]) -> dict[str, Any]:

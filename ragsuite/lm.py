@@ -209,6 +209,7 @@ def build_lm(
         kwargs["seed"] = seed
     if check:
         check_endpoint(parsed, timeout=min(timeout, 10.0))
+    _memoize_pricing_lookup()
     return dspy.LM(
         parsed.model,
         temperature=temperature,
@@ -218,6 +219,41 @@ def build_lm(
         cache=cache,
         **kwargs,
     )
+
+
+def _memoize_pricing_lookup() -> None:
+    """Memoize dspy's per-reply pricing lookup (idempotent; a no-op if dspy's internals differ).
+
+    dspy 3.4 prices every LM reply from its model metadata map. For a model the map does not list, which is
+    every vLLM-served name, the lookup scans the whole map: ~0.3 ms, twice per call, holding the GIL, i.e.
+    a fifth of a core at 16 threads against a fast server. The map is loaded once per process and never
+    changes afterwards, so the answer for a (provider, model, namespaces) key never changes either.
+    """
+    try:
+        from dspy.clients import costs
+    except ImportError:
+        return
+    lookup = getattr(costs, "model_info", None)
+    if lookup is None or getattr(lookup, "_ragsuite_memoized", False):
+        return
+    import copy
+
+    memo: dict[tuple[Any, ...], Any] = {}
+
+    def model_info(provider: Any, model: Any, *, namespaces: Any = None) -> Any:
+        try:
+            key = (provider, model, None if namespaces is None else tuple(namespaces))
+            found = (
+                memo[key]
+                if key in memo
+                else memo.setdefault(key, lookup(provider, model, namespaces=namespaces))
+            )
+        except TypeError:  # unhashable arguments: look up as dspy would
+            return lookup(provider, model, namespaces=namespaces)
+        return copy.deepcopy(found)  # callers may modify the entry they get, as with the original
+
+    model_info._ragsuite_memoized = True  # type: ignore[attr-defined]
+    costs.model_info = model_info
 
 
 def check_endpoint(spec: LMSpec, *, timeout: float = 10.0) -> list[str]:

@@ -317,3 +317,20 @@ def test_serve_errors(tmp_path, capsys, monkeypatch):
     assert main(["serve", "--model", "m", "--vllm", str(script), "--port", str(free_port())]) == 2
     assert "vllm exited with code 3 before serving" in capsys.readouterr().err
     assert time.monotonic() - started < 20
+
+
+def test_eval_a_saved_program_file(tmp_path, capsys):
+    from ragsuite import programs
+    from ragsuite.retrieval.spec import build_retriever
+
+    retriever = build_retriever("bm25", dataset="hotpotqa")
+    programs.get("vanilla")(retriever=retriever, task="short", top_k=2).save(str(tmp_path / "vanilla.json"))
+    gold = gold_answers("hotpotqa", 2)
+    with LocalOpenAIServer(universal_responder(gold)) as server:
+        args = eval_args(server, tmp_path / "run", "--limit", "2")
+        args[1:3] = ["--program-file", str(tmp_path / "vanilla.json")]
+        assert main(args) == 0
+    assert "| vanilla | hotpotqa |" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["program"] == "vanilla" and manifest["knobs"] == {"top_k": 2}
+    assert len(manifest["program_file_sha256"]) == 64 and manifest["retriever"]["spec"] == "bm25:hotpotqa"

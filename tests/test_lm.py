@@ -140,3 +140,16 @@ def test_redact(monkeypatch):
     for secret in ("plain-secret-value", "abcdefghijklmnop", "sk-proj-ABCDEFGHIJKLMNOP1234", "zzzzzzzzzz"):
         assert secret not in cleaned
     assert "answer 42 stays" in cleaned and "Bearer ***" in cleaned
+
+
+def test_memoized_pricing_lookup_returns_what_dspy_would():
+    from dspy.clients import costs
+    from dspy.clients.model_metadata import model_info as original
+
+    build_lm("openai/local", api_base="http://127.0.0.1:1/v1")
+    assert getattr(costs.model_info, "_ragsuite_memoized", False)
+    for provider, model in (("openai-chat", "gpt-4o-mini"), ("openai-chat", "not-a-known-model")):
+        first = costs.model_info(provider, model)
+        assert first == original(provider, model) == costs.model_info(provider, model)
+        first["mutated"] = True  # callers get copies: the memo is not corrupted
+        assert "mutated" not in costs.model_info(provider, model)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from ragsuite.testing.scripted import Responder, ScriptedLM, ScriptedRequest, parse_chat_messages
+from ragsuite.testing.scripted import Responder, ScriptedRequest, format_chat_reply, parse_chat_messages
 
 FaultKind = Literal["rate_limit", "server_error", "delay", "malformed", "not_found", "disconnect"]
 
@@ -81,7 +81,8 @@ class LocalOpenAIServer:
         strict_model: bool = True,
         fault_fn: Callable[[int, ScriptedRequest], Fault | None] | None = None,
     ) -> None:
-        self._scripted = ScriptedLM(responder)
+        self.responder = responder
+        self._requests: list[ScriptedRequest] = []
         self.latency = latency
         self.model = model
         self.strict_model = strict_model
@@ -98,7 +99,8 @@ class LocalOpenAIServer:
     # ------------------------------------------------------------------ control
     @property
     def requests(self) -> list[ScriptedRequest]:
-        return self._scripted.requests
+        with self._lock:
+            return list(self._requests)
 
     @property
     def port(self) -> int:
@@ -179,7 +181,7 @@ class LocalOpenAIServer:
         if fault is not None and fault.kind == "malformed":
             text = fault.text
         else:
-            text = self._scripted.reply(messages)
+            text = self._reply(request)
         prompt_tokens = sum(word_count(str(m.get("content") or "")) for m in messages)
         completion_tokens = word_count(text)
         reply = {
@@ -201,6 +203,20 @@ class LocalOpenAIServer:
             },
         }
         return 200, reply, {}
+
+    def _reply(self, request: ScriptedRequest) -> str:
+        """The responder's answer as ChatAdapter text, as :class:`ScriptedLM` renders it."""
+        with self._lock:
+            self._requests.append(request)
+        values = self.responder(request)
+        if isinstance(values, str):
+            return values
+        values = dict(values)
+        if "reasoning" in request.output_fields and "reasoning" not in values:
+            values = {"reasoning": "scripted", **values}
+        ordered = {name: values[name] for name in request.output_fields if name in values}
+        ordered.update({k: v for k, v in values.items() if k not in ordered})
+        return format_chat_reply(ordered)
 
     def _models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "ragsuite"}]}
@@ -225,6 +241,10 @@ def _make_handler(server: LocalOpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         # HTTP/1.1 keeps connections alive, as real servers do; every reply carries Content-Length.
         protocol_version = "HTTP/1.1"
+        # Headers and body leave in one segment: with Nagle's algorithm on, a separate small body write
+        # waits for the client's delayed ACK (~40 ms per reply), which would swamp any latency being measured.
+        disable_nagle_algorithm = True
+        wbufsize = 64 * 1024
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: tests read stderr
             del format, args
