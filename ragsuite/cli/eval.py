@@ -158,7 +158,7 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
         "timeout": args.timeout,
         "retries": args.retries,
         "cache": not args.no_cache,
-        "seed": args.seed,
+        "seed": getattr(args, "seed", None),
     }
     checked: set[str] = set()
 
@@ -182,7 +182,7 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
         **main_public,
         "temperature": args.temperature,
         "max_tokens": args.max_tokens,
-        "seed": args.seed,
+        "seed": options["seed"],
     }
     return main_lm, stage_lms, {"lm": public, "stage_lms": stage_public}
 
