@@ -645,7 +645,7 @@ def _may_hit_cache(program: Any) -> bool:
     named = getattr(program, "named_predictors", None)
     if callable(named):
         lms += [getattr(predictor, "lm", None) for _, predictor in named()]
-    return any(bool(getattr(lm, "cache", False)) for lm in lms if lm is not None) or not lms
+    return any(bool(getattr(lm, "cache", False)) for lm in lms if lm is not None)
 
 
 def default_manifest(program: Any, dataset: str, ids: Sequence[str]) -> dict[str, Any]:

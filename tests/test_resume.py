@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 
@@ -39,7 +40,7 @@ def read_ids(path: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_kill_9_then_resume_loses_and_repeats_nothing_finished(tmp_path):
+def test_kill_9_then_resume_loses_and_repeats_nothing_finished(tmp_path, capsys):
     examples = load_dataset("hotpotqa")[:LIMIT]
     gold = {ex.question: ex.answers[0] for ex in examples}
 
@@ -65,6 +66,10 @@ def test_kill_9_then_resume_loses_and_repeats_nothing_finished(tmp_path):
         process.wait(timeout=30)
 
         assert not (out / "summary.json").exists()  # killed mid-run, before any summary
+        assert main(["report", str(out)]) == 0  # a killed run still reports what it has
+        assert (
+            f"| no-retrieval | hotpotqa | openai/scripted | {FAST}/{LIMIT} | 0 |" in capsys.readouterr().out
+        )
         finished = read_ids(records)
         before = records.read_bytes()
         finished_questions = {ex.question for ex in examples if ex.id in finished}
