@@ -87,7 +87,7 @@ def test_vanilla_retrieves_once_and_answers_from_numbered_passages(task: str, re
 
 
 def test_vanilla_knobs_and_search_space() -> None:
-    optuna = pytest.importorskip("optuna")
+    import optuna
     assert VanillaRAG.default_knobs() == {"top_k": 5}
     assert VanillaRAG(retriever=KeywordRetriever(CORPUS), top_k=3).knobs() == {"top_k": 3}
     assert VanillaRAG.search_space(optuna.trial.FixedTrial({"top_k": 7})) == {"top_k": 7}
@@ -189,7 +189,7 @@ def test_vanilla_with_blend_and_filter_is_blendfilter_shaped() -> None:
 
 
 def test_vanilla_with_the_library_stages() -> None:
-    stages = pytest.importorskip("ragsuite.programs.stages")
+    from ragsuite.programs import stages
 
     def responder(request: ScriptedRequest) -> dict[str, Any]:
         if request.asks_for("relevant"):
