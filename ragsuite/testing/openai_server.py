@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from ragsuite.testing.scripted import Responder, ScriptedRequest, format_chat_reply, parse_chat_messages
+from ragsuite.testing.scripted import Responder, ScriptedRequest, parse_chat_messages, render_reply
 
 FaultKind = Literal["rate_limit", "server_error", "delay", "malformed", "not_found", "disconnect"]
 
@@ -208,15 +208,7 @@ class LocalOpenAIServer:
         """The responder's answer as ChatAdapter text, as :class:`ScriptedLM` renders it."""
         with self._lock:
             self._requests.append(request)
-        values = self.responder(request)
-        if isinstance(values, str):
-            return values
-        values = dict(values)
-        if "reasoning" in request.output_fields and "reasoning" not in values:
-            values = {"reasoning": "scripted", **values}
-        ordered = {name: values[name] for name in request.output_fields if name in values}
-        ordered.update({k: v for k, v in values.items() if k not in ordered})
-        return format_chat_reply(ordered)
+        return render_reply(request, self.responder(request))
 
     def _models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "ragsuite"}]}

@@ -87,6 +87,19 @@ def format_chat_reply(values: dict[str, Any]) -> str:
 Responder = Callable[[ScriptedRequest], "dict[str, Any] | str"]
 
 
+def render_reply(request: ScriptedRequest, values: dict[str, Any] | str) -> str:
+    """A responder's answer as ChatAdapter text: raw strings pass through verbatim; field values are put in
+    the order the prompt asked for, with a placeholder ``reasoning`` when the prompt wants one."""
+    if isinstance(values, str):
+        return values
+    values = dict(values)
+    if "reasoning" in request.output_fields and "reasoning" not in values:
+        values = {"reasoning": "scripted", **values}
+    ordered = {name: values[name] for name in request.output_fields if name in values}
+    ordered.update({k: v for k, v in values.items() if k not in ordered})
+    return format_chat_reply(ordered)
+
+
 class ScriptedLM(DummyLM):
     """A DSPy LM whose replies come from ``responder(request)``.
 
@@ -131,15 +144,7 @@ class ScriptedLM(DummyLM):
         request = parse_chat_messages(messages)
         with self._lock:
             self.requests.append(request)
-        values = self.responder(request)
-        if isinstance(values, str):
-            return values
-        values = dict(values)
-        if "reasoning" in request.output_fields and "reasoning" not in values:
-            values = {"reasoning": "scripted", **values}
-        ordered = {name: values[name] for name in request.output_fields if name in values}
-        ordered.update({k: v for k, v in values.items() if k not in ordered})
-        return format_chat_reply(ordered)
+        return render_reply(request, self.responder(request))
 
     def copy(self, **kwargs: Any) -> ScriptedLM:
         copied = super().copy(**kwargs)
