@@ -197,3 +197,26 @@ def test_shim_is_inactive_on_transformers_4():
 
     if transformers.__version__.startswith("4."):
         assert patch_colbert_for_transformers() is False
+
+
+@pytest.mark.slow
+def test_cli_reindex_needs_overwrite(built, corpus, tmp_path, capsys):
+    from ragsuite.cli import main
+    from ragsuite.retrieval.colbert.index import PASSAGES
+
+    checkpoint, index_dir = built
+    index_copy = tmp_path / "index"
+    shutil.copytree(index_dir, index_copy)
+    data = tmp_path / "data" / "strategyqa"
+    data.mkdir(parents=True)
+    with (data / "corpus.jsonl").open("w") as handle:
+        for p in corpus[:40]:
+            handle.write(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n")
+    argv = ["index", "--retriever", "colbert", "--checkpoint", str(checkpoint), "--dataset", "strategyqa"]
+    argv += ["--data-dir", str(tmp_path / "data"), "--index-dir", str(index_copy)]
+    assert main(argv) == 2
+    assert "already holds" in capsys.readouterr().err
+    assert len((index_copy / PASSAGES).read_text().splitlines()) == N_PASSAGES
+    assert main([*argv, "--overwrite"]) == 0
+    assert len((index_copy / PASSAGES).read_text().splitlines()) == 40
+    assert main(["index", "--dataset", "strategyqa", "--overwrite"]) == 2

@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--index-dir", default=None, help="where the ColBERT index is written (--retriever colbert)"
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing ColBERT index in --index-dir (--retriever colbert)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
 
@@ -42,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.retriever == "colbert":
         info = _index_colbert(args)
     else:
-        if args.checkpoint or args.index_dir:
+        if args.checkpoint or args.index_dir or args.overwrite:
             raise ConfigError("--checkpoint and --index-dir apply to --retriever colbert only")
         from ragsuite.retrieval.bm25 import BM25Retriever
 
@@ -86,5 +91,5 @@ def _index_colbert(args: argparse.Namespace) -> dict:
     # Imported here: the colbert extra (torch, colbert-ai) is optional.
     from ragsuite.retrieval.colbert.index import build_colbert_index
 
-    build_colbert_index(corpus, checkpoint=args.checkpoint, index_dir=index_dir)
+    build_colbert_index(corpus, checkpoint=args.checkpoint, index_dir=index_dir, overwrite=args.overwrite)
     return {"retriever": "colbert", "dataset": args.dataset, "index_dir": index_dir, "passages": len(corpus)}
