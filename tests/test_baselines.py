@@ -88,6 +88,7 @@ def test_vanilla_retrieves_once_and_answers_from_numbered_passages(task: str, re
 
 def test_vanilla_knobs_and_search_space() -> None:
     import optuna
+
     assert VanillaRAG.default_knobs() == {"top_k": 5}
     assert VanillaRAG(retriever=KeywordRetriever(CORPUS), top_k=3).knobs() == {"top_k": 3}
     assert VanillaRAG.search_space(optuna.trial.FixedTrial({"top_k": 7})) == {"top_k": 7}

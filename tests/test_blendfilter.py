@@ -140,6 +140,7 @@ def test_bad_knobs_are_refused(knobs) -> None:
 
 def test_search_space_samples_valid_knobs() -> None:
     import optuna
+
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     for _ in range(6):
         knobs = BlendFilter.search_space(study.ask())

@@ -143,6 +143,7 @@ def test_invalid_knobs_are_refused(knobs: dict[str, Any]) -> None:
 
 def test_search_space_respects_failure_below_step() -> None:
     import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(30):
@@ -610,6 +611,7 @@ def test_deepnote_with_blend_initializes_from_the_merged_retrievals() -> None:
 
 def test_deepnote_with_the_library_filter_stage() -> None:
     from ragsuite.programs import stages
+
     corpus, results = fresh_passages()
 
     # The scripted filter keeps "[1] Title 0" of the first set and "[3] Title 7" of the second.

@@ -182,6 +182,7 @@ def test_bad_knobs_are_refused(knobs) -> None:
 
 def test_search_space_samples_valid_knobs() -> None:
     import optuna
+
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
     for _ in range(5):
         knobs = DiverseRerank.search_space(study.ask())
