@@ -99,4 +99,5 @@ def test_index_colbert_calls_build_colbert_index(
     result = run_json(capsys, [*common, "--checkpoint", "/ckpt", "--index-dir", index_dir, "--json"])
     assert result["index_dir"] == index_dir and result["passages"] == 998
     [(corpus, kwargs)] = calls
-    assert len(corpus) == 998 and kwargs == {"checkpoint": "/ckpt", "index_dir": index_dir}
+    assert len(corpus) == 998
+    assert kwargs == {"checkpoint": "/ckpt", "index_dir": index_dir, "overwrite": False}
