@@ -13,42 +13,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
 from ragsuite.testing.openai_server import LocalOpenAIServer
-from ragsuite.testing.scripted import ScriptedRequest
-
-_OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)
-
-
-def grounded_responder(gold: dict[str, str]):
-    def respond(request: ScriptedRequest) -> dict[str, Any]:
-        kinds = dict(_OUTPUT_FIELD.findall(request.system.split("Your output fields are:", 1)[-1]))
-        answer = gold.get(request.inputs.get("question", ""), "")
-        evidence = " ".join(v for k, v in request.inputs.items() if k != "question").lower()
-        values: dict[str, Any] = {}
-        for name in request.output_fields:
-            kind = kinds.get(name, "str")
-            if kind.startswith("Literal["):
-                values[name] = re.findall(r"'([^']*)'", kind)[-1]
-            elif kind == "bool":
-                values[name] = str(bool(answer) and answer.lower() in evidence)
-            elif kind.startswith("list"):
-                # Refined queries: the titles in the note so far (a crude bridge-entity guess).
-                titles = re.findall(r"\[\d+\] ([^|]{3,60}) \|", evidence)
-                values[name] = [", ".join(dict.fromkeys(titles))[:200] or "background"]
-            elif name == "answer":
-                values[name] = answer if answer and answer.lower() in evidence else "unknown"
-            else:
-                values[name] = evidence[:3000] or "nothing yet"
-        return values
-
-    return respond
+from ragsuite.testing.responders import grounded_responder
 
 
 def run() -> int:

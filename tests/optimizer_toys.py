@@ -8,9 +8,8 @@ search space {top_k: 1, 3, 5, 7} x {max_step: 1, 2, 3} has the unique optimum to
 from __future__ import annotations
 
 import json
-import re
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import dspy
@@ -226,37 +225,3 @@ def run_worker(storage: str, seed: int, trials: int, barrier: str = "", workers:
         seed=seed,
         threads=1,
     )
-
-
-_OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)
-
-
-def grounded_responder(gold: dict[str, str]) -> Callable[[ScriptedRequest], dict[str, Any]]:
-    """Answers any stage of any registered program with a well-typed value. The answer is the gold answer
-    only when that answer appears in the evidence the prompt shows (so retrieval knobs matter)."""
-
-    def respond(request: ScriptedRequest) -> dict[str, Any]:
-        section = request.system.split("Your output fields are:", 1)[-1]
-        kinds = dict(_OUTPUT_FIELD.findall(section))
-        answer = gold.get(request.inputs.get("question", ""), "")
-        evidence = " ".join(v for k, v in request.inputs.items() if k != "question").lower()
-        values: dict[str, Any] = {}
-        for name in request.output_fields:
-            kind = kinds.get(name, "str")
-            if kind.startswith("Literal["):
-                values[name] = re.findall(r"'([^']*)'", kind)[-1]
-            elif kind == "bool":
-                values[name] = str(bool(answer) and answer.lower() in evidence)
-            elif kind == "list[int]":
-                values[name] = [1, 2]
-            elif kind.startswith("list"):
-                values[name] = [f"{request.inputs.get('question', '')} background"]
-            elif kind in ("int", "float"):
-                values[name] = "1"
-            elif name == "answer":
-                values[name] = answer if answer and answer.lower() in evidence else "unknown"
-            else:
-                values[name] = evidence[:3000] or "nothing yet"
-        return values
-
-    return respond

@@ -12,6 +12,7 @@ from ragsuite.errors import ConfigError
 from ragsuite.optimizers import compile_program, feedback_metric, optimizer_metric, split_dev
 from ragsuite.optimizers.feedback import describe_outcome
 from ragsuite.retrieval.base import Passage
+from ragsuite.testing.responders import grounded_responder
 
 
 @pytest.fixture
@@ -193,7 +194,7 @@ def test_cli_compile_writes_a_program_file_eval_accepts(tmp_path):
 
     gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
     out = tmp_path / "vanilla.json"
-    with LocalOpenAIServer(toys.grounded_responder(gold)) as server:
+    with LocalOpenAIServer(grounded_responder(gold)) as server:
         lm = ["--lm", "openai/scripted", "--api-base", server.api_base, "--no-cache"]
         args = ["compile", "--program", "vanilla", "--dataset", "hotpotqa", "--optimizer", "bootstrap"]
         code = main(

@@ -17,6 +17,7 @@ import ragsuite
 from ragsuite.errors import ConfigError
 from ragsuite.optimizers import tune
 from ragsuite.optimizers.tuning import redact_storage, resolve_storage
+from ragsuite.testing.responders import grounded_responder
 
 OPTIMUM = {"top_k": 5, "max_step": 2}
 
@@ -182,7 +183,7 @@ def test_cli_tune_then_eval_the_written_program(tmp_path, capsys):
 
     gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
     out = tmp_path / "tune"
-    with LocalOpenAIServer(toys.grounded_responder(gold)) as server:
+    with LocalOpenAIServer(grounded_responder(gold)) as server:
         lm = ["--lm", "openai/scripted", "--api-base", server.api_base, "--no-cache"]
         args = ["tune", "--program", "deepnote", "--dataset", "hotpotqa", "--trials", "4", "--val", "3"]
         assert (
