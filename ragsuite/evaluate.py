@@ -39,6 +39,7 @@ from dspy.utils.usage_tracker import UsageTracker
 
 from ragsuite.data.datasets import get_dataset_info
 from ragsuite.errors import ConfigError, DataError, RagsuiteError
+from ragsuite.files import atomic_write_text
 from ragsuite.lm import LMEndpointError, explain_lm_error, redact
 
 log = logging.getLogger("ragsuite.evaluate")
@@ -263,7 +264,7 @@ class RunStore:
                     "resuming a run made with other package versions: %s -> %s", versions_then, versions_now
                 )
             return
-        _atomic_write(path, json.dumps(clean, indent=2, sort_keys=True) + "\n")
+        atomic_write_text(path, json.dumps(clean, indent=2, sort_keys=True) + "\n")
 
     def load_records(self) -> dict[str, dict[str, Any]]:
         """Finished records by id. A truncated last line (a kill mid-write) is cut off so its example reruns;
@@ -302,7 +303,7 @@ class RunStore:
 
     def _rewrite(self, records: Iterable[dict[str, Any]]) -> None:
         text = "".join(self._line(r) for r in records)
-        _atomic_write(self.records_path, text)
+        atomic_write_text(self.records_path, text)
 
     @staticmethod
     def _line(record: Mapping[str, Any]) -> str:
@@ -326,17 +327,8 @@ class RunStore:
                 self._handle = None
 
     def write_summary(self, summary: Mapping[str, Any], table: str) -> None:
-        _atomic_write(self.dir / SUMMARY, redact(json.dumps(summary, indent=2, default=_jsonable)) + "\n")
-        _atomic_write(self.dir / TABLE, table + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+        atomic_write_text(self.dir / SUMMARY, redact(json.dumps(summary, indent=2, default=_jsonable)) + "\n")
+        atomic_write_text(self.dir / TABLE, table + "\n")
 
 
 def config_diff(

@@ -9,7 +9,6 @@ Layout of ``<data_dir>/<name>/``:
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Literal
 import ujson
 
 from ragsuite.errors import DataError
+from ragsuite.files import atomic_open
 from ragsuite.paths import data_dir as resolve_data_dir
 from ragsuite.retrieval.base import Passage
 
@@ -173,22 +173,12 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict]) -> int:
     Returns:
         The number of rows written.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(ujson.dumps(row, ensure_ascii=False, escape_forward_slashes=False))
-                handle.write("\n")
-                count += 1
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as handle:
+        for row in rows:
+            handle.write(ujson.dumps(row, ensure_ascii=False, escape_forward_slashes=False))
+            handle.write("\n")
+            count += 1
     return count
 
 

@@ -31,12 +31,12 @@ import json
 import logging
 import os
 import platform
-import tempfile
 from importlib import metadata as _metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ragsuite.errors import ConfigError
+from ragsuite.files import atomic_write_text
 
 if TYPE_CHECKING:
     from ragsuite.programs.base import RAGProgram
@@ -141,19 +141,7 @@ def save_program(
         text = json.dumps(document, indent=2, ensure_ascii=False, default=_jsonable)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"program {program.name!r} cannot be saved as JSON: {exc}") from exc
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    path = atomic_write_text(Path(path).expanduser(), text + "\n")
     log.info("saved program %s to %s", program.name, path)
     return path
 

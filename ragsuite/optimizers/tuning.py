@@ -43,6 +43,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ragsuite.errors import ConfigError, MissingExtraError
+from ragsuite.files import atomic_write_text
 
 if TYPE_CHECKING:
     from ragsuite.programs.base import RAGProgram
@@ -279,11 +280,7 @@ def plot_pareto(
 
 
 def _write_json(path: Path, data: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _program_class(program: str | type[RAGProgram]) -> type[RAGProgram]:

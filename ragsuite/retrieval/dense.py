@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ragsuite.errors import ConfigError, RetrievalError, require
+from ragsuite.files import atomic_open
 from ragsuite.paths import cache_dir as resolve_cache_dir
 from ragsuite.retrieval.base import Passage
 
@@ -103,10 +104,8 @@ class DenseRetriever:
             self.embeddings = self._encode([p.render() for p in self.passages], progress=progress)
             log.info("embedded %d passages in %.1fs", len(self.passages), time.perf_counter() - started)
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp.npy")
-                np.save(tmp, self.embeddings)
-                tmp.replace(path)
+                with atomic_open(path, "wb") as handle:
+                    np.save(handle, self.embeddings)
 
     @classmethod
     def from_dataset(

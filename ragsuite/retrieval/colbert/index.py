@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ragsuite.errors import ConfigError, RetrievalError, require
+from ragsuite.files import atomic_open, atomic_write_text
 from ragsuite.retrieval.base import Passage
 
 log = logging.getLogger("ragsuite.retrieval.colbert.index")
@@ -144,13 +145,11 @@ def build_colbert_index(
             f"building the ColBERT index in {root} failed: {type(exc).__name__}: {exc}"
         ) from exc
     seconds = time.perf_counter() - started
-    tmp = root / (PASSAGES + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+    with atomic_open(root / PASSAGES) as handle:
         for p in passages:
             handle.write(
                 json.dumps({"id": p.id, "title": p.title, "text": p.text}, ensure_ascii=False) + "\n"
             )
-    tmp.replace(root / PASSAGES)
     manifest = {
         "format": FORMAT_VERSION,
         "kind": "colbert-index",
@@ -159,9 +158,7 @@ def build_colbert_index(
         "build_seconds": round(seconds, 2),
         **settings,
     }
-    tmp = root / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    tmp.replace(root / MANIFEST)
+    atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2))
     log.info("indexed %d passages into %s in %.1fs", len(passages), root, seconds)
     return ColBERTv2Index.load(root)
 
