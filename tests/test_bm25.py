@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -187,9 +189,16 @@ def _flip_last_bytes(path: Path) -> None:
 
 
 def _swap_offsets(path: Path) -> None:
-    offsets = np.load(path)
+    offsets = np.fromfile(path, dtype=np.int64)
     offsets[1], offsets[2] = offsets[2], offsets[1]
-    np.save(path, offsets)
+    offsets.tofile(path)
+
+
+def _edit_meta(directory: Path, **changes) -> None:
+    meta_path = directory / "ragsuite-meta.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta.update(changes)
+    meta_path.write_text(json.dumps(meta), encoding="utf-8")
 
 
 def test_a_cache_directory_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -204,24 +213,26 @@ def test_a_cache_directory_that_is_a_file_is_a_clear_error(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda d: (d / "data.csc.index.npy").write_bytes(b"not numpy"),
-        lambda d: (d / "vocab.index.json").unlink(),
+        lambda d: (d / "weights.f32").write_bytes(b"not floats"),
+        lambda d: (d / "terms.bin").unlink(),
         lambda d: (d / "ragsuite-meta.json").unlink(),
-        lambda d: (d / "params.index.json").write_text("{", encoding="utf-8"),
-        lambda d: np.save(d / "indices.csc.index.npy", np.array([10**6], dtype=np.int32)),
-        lambda d: _flip_last_bytes(d / "data.csc.index.npy"),  # still a valid array: other scores
-        lambda d: _swap_offsets(d / "indptr.csc.index.npy"),  # consistent shape, wrong postings
+        lambda d: (d / "ragsuite-meta.json").write_text("{", encoding="utf-8"),
+        lambda d: _edit_meta(d, num_postings=10**6),
+        lambda d: _flip_last_bytes(d / "weights.f32"),  # same size: other scores
+        lambda d: _swap_offsets(d / "indptr.i64"),  # same size, wrong postings
         lambda d: (d / "stray.npy").write_bytes(b"x"),
+        lambda d: _edit_meta(d, format=1),
     ],
     ids=[
         "garbage-array",
         "missing-vocab",
         "partial-no-meta",
-        "broken-params",
-        "inconsistent-arrays",
+        "broken-meta",
+        "inconsistent-counts",
         "flipped-score-bytes",
         "garbled-offsets",
         "stray-file",
+        "older-format",
     ],
 )
 def test_damaged_index_is_rebuilt_with_a_warning(
@@ -284,3 +295,42 @@ def test_recall_at_5_not_below_plain_bm25s(tmp_path: Path, data_dir: Path, datas
     ours = recall([[p.id for p in ps] for ps in retriever.batch(questions, 5)])
     plain = recall([[corpus[i].id for i in row] for row in plain_docs])
     assert ours >= plain  # the same questions over the same corpus
+
+
+def test_opening_checks_sizes_and_rehashes_only_changed_files(tmp_path: Path) -> None:
+    first = BM25Retriever(CORPUS, cache_dir=tmp_path)
+    weights = first.index_dir / "weights.f32"
+    stat = weights.stat()
+    _flip_last_bytes(weights)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime: not re-hashed
+    assert not BM25Retriever(CORPUS, cache_dir=tmp_path).index_built
+    # verify=True hashes every file and catches it.
+    assert BM25Retriever(CORPUS, cache_dir=tmp_path, verify=True).index_built
+
+
+def test_opening_a_built_index_never_reads_the_corpus_file(tmp_path: Path, monkeypatch) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n" for p in CORPUS),
+        encoding="utf-8",
+    )
+    built = BM25Retriever.from_file(corpus, cache_dir=tmp_path)
+    assert built.index_built and built.describe()["num_passages"] == len(CORPUS)
+    import ragsuite.data.datasets as datasets
+
+    def no_reads(*_args, **_kwargs):
+        raise AssertionError("the corpus file was read")
+
+    monkeypatch.setattr(datasets, "file_sha256", no_reads)
+    monkeypatch.setattr(datasets, "iter_table", no_reads)
+    opened = BM25Retriever.from_file(corpus, cache_dir=tmp_path)
+    assert not opened.index_built and opened.index_key == built.index_key
+    assert [p.id for p in opened("Who directed Pulp Fiction?", 3)] == [
+        p.id for p in built("Who directed Pulp Fiction?", 3)
+    ]
+    # A changed file is noticed from its metadata alone (size, mtime, ctime) and hashed again.
+    monkeypatch.undo()
+    with corpus.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"id": "p10", "title": "Oder", "text": "The Oder again."}) + "\n")
+    changed = BM25Retriever.from_file(corpus, cache_dir=tmp_path)
+    assert changed.index_built and changed.index_key != built.index_key and len(changed) == len(CORPUS) + 1

@@ -16,7 +16,7 @@ import csv
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -101,15 +101,59 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def _stat_fingerprint(path: Path) -> dict[str, int]:
+    st = path.stat()
+    # ctime cannot be set by a program (unlike mtime), so any write to the file changes the fingerprint.
+    return {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "inode": st.st_ino,
+        "device": st.st_dev,
+    }
+
+
+def file_sha256_cached(
+    path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None
+) -> str:
+    """:func:`file_sha256`, remembered per file while the file is unchanged.
+
+    The hash is kept in ``<cache_dir>/file-sha256/`` with the file's size, mtime, ctime, inode and device;
+    any write to the file, a rename over it or a copy in its place changes one of them, and the file is
+    read again. This lets a 13 GB corpus be recognized without reading it on every command.
+    """
+    from ragsuite.paths import cache_dir as resolve_cache_dir
+
+    resolved = Path(path).expanduser().resolve()
+    record_path = (
+        resolve_cache_dir(cache_dir)
+        / "file-sha256"
+        / (hashlib.sha256(str(resolved).encode("utf-8", "surrogatepass")).hexdigest()[:32] + ".json")
+    )
+    fingerprint = _stat_fingerprint(resolved)
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        if record.get("path") == str(resolved) and record.get("stat") == fingerprint:
+            return str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = file_sha256(resolved)
+    if _stat_fingerprint(resolved) == fingerprint:  # not changed while it was read
+        try:
+            record_path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_open(record_path) as handle:
+                json.dump({"path": str(resolved), "stat": fingerprint, "sha256": digest}, handle)
+        except OSError:
+            pass  # only a cache: the next call hashes again
+    return digest
+
+
 #: Suffixes of the table formats :func:`read_table` reads.
 TABLE_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet")
 
 
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    """``(line number, object)`` for every non-blank line of a JSONL file."""
-    if not path.is_file():
-        raise DataError(f"{path} does not exist")
-    rows = []
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSONL file, streamed."""
     with path.open(encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, 1):
             if not line.strip():
@@ -120,14 +164,12 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append((lineno, row))
-    return rows
+            yield lineno, row
 
 
-def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict]]:
+def _iter_delimited(path: Path, delimiter: str) -> Iterator[tuple[int, dict]]:
     with path.open(encoding="utf-8", newline="") as handle:
         reader = csv.DictReader(handle, delimiter=delimiter)
-        rows = []
         try:
             for row in reader:
                 if None in row:  # more cells than header columns
@@ -137,27 +179,49 @@ def _read_delimited(path: Path, delimiter: str) -> list[tuple[int, dict]]:
                     )
                 if not any((value or "").strip() for value in row.values()):
                     continue
-                rows.append(
-                    (reader.line_num, {key: value for key, value in row.items() if value is not None})
-                )
+                yield reader.line_num, {key: value for key, value in row.items() if value is not None}
         except csv.Error as exc:
             raise DataError(
                 f"{path}:{reader.line_num}: not valid {path.suffix[1:].upper()} ({exc})"
             ) from None
-    return rows
 
 
-def _read_parquet(path: Path) -> list[tuple[int, dict]]:
+def _iter_parquet(path: Path) -> Iterator[tuple[int, dict]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"reading {path} (Parquet) needs pyarrow: pip install pyarrow") from None
     try:
-        table = pq.read_table(path)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=4096)
+        row_number = 0  # rows are numbered from 1 like lines, so messages read "file:row"
+        for batch in batches:
+            for row in batch.to_pylist():
+                row_number += 1
+                yield row_number, row
+    except DataError:
+        raise
     except Exception as exc:  # pyarrow raises its own error types for damaged files
         raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
-    # Rows are numbered from 1 like lines, so messages read "file:row".
-    return list(enumerate(table.to_pylist(), 1))
+
+
+def iter_table(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict]]:
+    """Stream ``(line or row number, row)`` for every non-blank row of a JSONL, CSV, TSV or Parquet file.
+
+    Raises:
+        DataError: a missing or unreadable file, or an unknown suffix (messages name ``file:line``). An empty
+            file yields nothing; :func:`read_table` is the variant that refuses it.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _iter_jsonl(path)
+    if suffix in (".csv", ".tsv"):
+        return _iter_delimited(path, "," if suffix == ".csv" else "\t")
+    if suffix == ".parquet":
+        return _iter_parquet(path)
+    raise DataError(f"{path}: unknown file type {suffix!r}; use one of {', '.join(TABLE_SUFFIXES)}")
 
 
 def read_table(path: str | os.PathLike[str]) -> list[tuple[int, dict]]:
@@ -169,21 +233,31 @@ def read_table(path: str | os.PathLike[str]) -> list[tuple[int, dict]]:
     Raises:
         DataError: a missing, empty or unreadable file, or an unknown suffix (messages name ``file:line``).
     """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataError(f"{path} does not exist")
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        rows = _read_jsonl(path)
-    elif suffix in (".csv", ".tsv"):
-        rows = _read_delimited(path, "," if suffix == ".csv" else "\t")
-    elif suffix == ".parquet":
-        rows = _read_parquet(path)
-    else:
-        raise DataError(f"{path}: unknown file type {suffix!r}; use one of {', '.join(TABLE_SUFFIXES)}")
+    rows = list(iter_table(path))
     if not rows:
-        raise DataError(f"{path} is empty: it has no rows")
+        raise DataError(f"{Path(path).expanduser()} is empty: it has no rows")
     return rows
+
+
+def count_table_rows(path: str | os.PathLike[str]) -> int:
+    """About how many rows a table file holds, without parsing it (lines of a JSONL/CSV/TSV file, less the
+    header; a Parquet file's recorded row count): a progress bar's total."""
+    path = Path(path).expanduser()
+    if path.suffix.lower() == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        except Exception:  # the read itself reports a damaged file, with its line
+            return 0
+    lines = 0
+    last = b"\n"
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    lines += last != b"\n"
+    return lines - (path.suffix.lower() in (".csv", ".tsv"))
 
 
 def load_dataset(name: str, split: str = "dev", data_dir: str | os.PathLike[str] | None = None) -> list:
@@ -315,8 +389,8 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[dict]) -> int:
     return count
 
 
-def load_corpus(name: str, data_dir: str | os.PathLike[str] | None = None) -> list[Passage]:
-    """Load a dataset's retrieval corpus (``corpus.jsonl``) as passages."""
+def corpus_path(name: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The ``corpus.jsonl`` of a dataset, checked to exist."""
     info = get_dataset_info(name)
     if not info.has_corpus:
         raise DataError(
@@ -325,7 +399,32 @@ def load_corpus(name: str, data_dir: str | os.PathLike[str] | None = None) -> li
     path = resolve_data_dir(data_dir) / info.name / "corpus.jsonl"
     if not path.is_file():
         raise DataError(f"{path} does not exist: `ragsuite data download {info.name}` installs its corpus")
-    return load_corpus_file(path)
+    return path
+
+
+def load_corpus(name: str, data_dir: str | os.PathLike[str] | None = None) -> list[Passage]:
+    """Load a dataset's retrieval corpus (``corpus.jsonl``) as passages."""
+    return load_corpus_file(corpus_path(name, data_dir))
+
+
+def iter_corpus_file(path: str | os.PathLike[str]) -> Iterator[tuple[int, Passage]]:
+    """Stream ``(line, passage)`` from a corpus file (JSONL, TSV, CSV or Parquet with ``id``, ``title``,
+    ``text``), holding one row at a time. Repeated ids are not detected here (that needs every id):
+    :func:`load_corpus_file` and the BM25 index build check them.
+
+    Raises:
+        DataError: a missing file, a missing column or an empty id (``file:line``).
+    """
+    path = Path(path).expanduser()
+    for lineno, row in iter_table(path):
+        if "id" not in row or "text" not in row:
+            raise DataError(
+                f"{path}:{lineno}: a corpus line needs 'id' and 'text' (columns found: {', '.join(row)})"
+            )
+        pid = "" if row["id"] is None else str(row["id"]).strip()
+        if not pid:
+            raise DataError(f"{path}:{lineno}: empty passage 'id'")
+        yield lineno, Passage(id=pid, title=str(row.get("title") or ""), text=str(row["text"] or ""))
 
 
 def load_corpus_file(path: str | os.PathLike[str]) -> list[Passage]:
@@ -337,18 +436,15 @@ def load_corpus_file(path: str | os.PathLike[str]) -> list[Passage]:
     path = Path(path).expanduser()
     passages: list[Passage] = []
     seen: dict[str, int] = {}
-    for lineno, row in read_table(path):
-        if "id" not in row or "text" not in row:
+    for lineno, passage in iter_corpus_file(path):
+        if passage.id in seen:
             raise DataError(
-                f"{path}:{lineno}: a corpus line needs 'id' and 'text' (columns found: {', '.join(row)})"
+                f"{path}:{lineno}: duplicate passage id {passage.id!r} (first on line {seen[passage.id]})"
             )
-        pid = "" if row["id"] is None else str(row["id"]).strip()
-        if not pid:
-            raise DataError(f"{path}:{lineno}: empty passage 'id'")
-        if pid in seen:
-            raise DataError(f"{path}:{lineno}: duplicate passage id {pid!r} (first on line {seen[pid]})")
-        seen[pid] = lineno
-        passages.append(Passage(id=pid, title=str(row.get("title") or ""), text=str(row["text"] or "")))
+        seen[passage.id] = lineno
+        passages.append(passage)
+    if not passages:
+        raise DataError(f"{path} is empty: it has no rows")
     return passages
 
 
@@ -360,4 +456,4 @@ def load_corpus_source(path: str | os.PathLike[str]) -> tuple[list[Passage], dic
     """
     resolved = Path(path).expanduser().resolve()
     passages = load_corpus_file(resolved)
-    return passages, {"corpus_path": str(resolved), "corpus_sha256": file_sha256(resolved)}
+    return passages, {"corpus_path": str(resolved), "corpus_sha256": file_sha256_cached(resolved)}

@@ -22,43 +22,55 @@ recall@5 on the dev splits, plain bm25s -> this default: hotpotqa .775 -> .790, 
 musique .491 -> .539, strategyqa .714 -> .751, asqa .761 -> .805, nq .920 -> .940
 (``python benchmarks/retrieval.py`` reproduces them with the speed comparison).
 
-Scoring reads bm25s' precomputed sparse index directly: a query's scores are one ``np.bincount`` over the
-index columns of its terms, and :meth:`BM25Retriever.batch` scores many queries in one call, so it needs no
-Python loop over terms or queries.
+The index is built and served by :mod:`ragsuite.retrieval.bm25_index`: a streaming build whose memory does
+not grow with the corpus (shards sorted on disk, then merged), resumable after a kill, with the weights bm25s
+itself would store; served from memory-mapped files, so opening a 21M-passage index reads a few KB. A query
+adds the weights of its terms' postings into a reusable score buffer and ranks only the passages it touched,
+so its cost follows the postings it reads, not the corpus size.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import shutil
+import tempfile
 import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.errors import ConfigError, DataError, RetrievalError
 from ragsuite.paths import cache_dir as resolve_cache_dir
 from ragsuite.retrieval.base import Passage
+from ragsuite.retrieval.bm25_index import (
+    DEFAULT_BLOCK_POSTINGS,
+    DEFAULT_SHARD_PASSAGES,
+    FORMAT_VERSION,
+    DuplicateIdError,
+    IndexBuilder,
+    IndexDamaged,
+    OpenIndex,
+    Scoring,
+)
 
 log = logging.getLogger("ragsuite.retrieval.bm25")
 
 Method = Literal["lucene", "robertson", "atire", "bm25l", "bm25+"]
 StopwordList = Literal["en", "en_plus", "none"]
 
-# Bumped whenever the on-disk layout or tokenization code changes meaning, so old caches are not reused.
-_FORMAT_VERSION = 1
-_META_NAME = "ragsuite-meta.json"
-# Queries are scored in chunks so the dense (queries x passages) score matrix (~1 MB) stays in cache.
-_MAX_SCORE_CELLS = 1 << 17
 _STEM_CACHE_LIMIT = 500_000
 
 
@@ -71,39 +83,6 @@ def _bm25s() -> Any:
     if bm25s_log.level == logging.DEBUG:
         bm25s_log.setLevel(logging.NOTSET)
     return bm25s
-
-
-def index_file_digests(directory: Path) -> dict[str, dict[str, Any]]:
-    """Size and sha256 of every file of an index directory (the metadata file aside)."""
-    digests = {}
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and path.name != _META_NAME:
-            digest = hashlib.sha256()
-            with path.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(chunk)
-            digests[path.name] = {"size": path.stat().st_size, "sha256": digest.hexdigest()}
-    return digests
-
-
-def verify_index_files(directory: Path, expected: Any) -> None:
-    """Check an index directory against the digests its metadata recorded.
-
-    Raises:
-        ValueError: naming the first file that is missing, extra, or not byte-for-byte what was written.
-    """
-    if not isinstance(expected, dict) or not expected:
-        raise ValueError("its metadata records no file checksums (an index from an older ragsuite)")
-    found = index_file_digests(directory)
-    for name, want in expected.items():
-        got = found.get(name)
-        if got is None:
-            raise ValueError(f"{name} is missing")
-        if got != want:
-            raise ValueError(f"{name} is damaged (size or sha256 differs from when it was written)")
-    extra = sorted(set(found) - set(expected))
-    if extra:
-        raise ValueError(f"it holds files it was not written with: {extra}")
 
 
 def _fold(text: str) -> str:
@@ -182,15 +161,65 @@ class _Tokenizer:
         return [cache[w] for w in words]
 
 
-class BM25Retriever:
-    """BM25 over ``title + text`` with bm25s, built once per corpus and settings and cached on disk.
+@dataclass(frozen=True)
+class _CorpusSource:
+    """Where an index's passages come from: a stream from the start, a content digest, a size if known."""
 
-    The index lives in ``<cache_dir>/bm25/<index_key>``, where the key hashes the corpus content, the settings
-    and the bm25s version; a later instance with the same corpus and settings loads it instead of rebuilding.
-    Instances are safe to query from many threads at once.
+    stream: Callable[[], Iterator[Passage]]
+    digest: str
+    total: Callable[[], int | None]
+    on_duplicate: Callable[[DuplicateIdError], Exception]
+
+
+def _passages_digest(passages: Sequence[Passage]) -> str:
+    digest = hashlib.sha256()
+    for p in passages:
+        digest.update(f"{p.id}\x00{p.title}\x00{p.text}\x01".encode("utf-8", "surrogatepass"))
+    return "passages:" + digest.hexdigest()
+
+
+class _ScoreBuffers:
+    """Reusable float64 score arrays of corpus length, at most one per CPU in use at a time.
+
+    A query adds into one and zeroes what it touched, so no query allocates or clears a corpus-sized
+    array; threads beyond the limit wait for a free buffer (they would only contend for the CPUs anyway).
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        self._created = 0
+        self._limit = max(2, os.cpu_count() or 2)
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if self._created < self._limit:
+                self._created += 1
+                return np.zeros(self._size, dtype=np.float64)
+        return self._free.get()
+
+    def give(self, buffer: np.ndarray) -> None:
+        self._free.put(buffer)
+
+
+class BM25Retriever:
+    """BM25 over ``title + text``, built once per corpus and settings into an on-disk index and served from it
+    memory-mapped.
+
+    The index lives in ``<cache_dir>/bm25/<index_key>``, where the key hashes the corpus content (a corpus
+    file's sha256, remembered while the file is unchanged, so a large file is not read again to open its
+    index), the settings and the bm25s version; a later instance with the same corpus and settings opens it
+    instead of rebuilding. A killed build resumes where it stopped. Instances are safe to query from many
+    threads at once.
 
     Args:
-        passages: The corpus. Returned passages are these objects (same ``id``) with ``score`` set.
+        passages: The corpus, in memory (see :meth:`from_file` and :meth:`from_dataset` to stream one from
+            disk). Returned passages have the same ``id``, ``title`` and ``text``, with ``score`` set.
         cache_dir: Root of ragsuite's caches (default :func:`ragsuite.paths.cache_dir`).
         method: bm25s scoring variant.
         k1: Term-frequency saturation.
@@ -204,8 +233,13 @@ class BM25Retriever:
         dataset: Name of the dataset the corpus belongs to; makes :meth:`describe`'s spec ``bm25:<dataset>``.
         corpus_file: ``{"corpus_path", "corpus_sha256"}`` of the file the corpus was read from (see
             :meth:`from_file`); makes the spec ``bm25:<path>``.
-        persist: Save the built index to (and load it from) the cache directory.
-        progress: Show a progress bar while building.
+        persist: Save the built index to (and open it from) the cache directory; ``False`` builds it in a
+            temporary directory removed with the instance.
+        progress: Show a progress bar while building (passages/s and ETA).
+        verify: Check the sha256 of every index file on opening (by default only sizes are checked, and the
+            sha256 of files whose mtime changed since they were written).
+        shard_passages: Passages tokenized per shard during a build (bounds its memory).
+        block_postings: Postings weighted per merge block during a build (bounds its memory).
 
     Example:
         >>> corpus = [
@@ -221,7 +255,7 @@ class BM25Retriever:
 
     def __init__(
         self,
-        passages: Sequence[Passage],
+        passages: Iterable[Passage] | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         method: Method = "lucene",
@@ -237,6 +271,10 @@ class BM25Retriever:
         corpus_file: Mapping[str, str] | None = None,
         persist: bool = True,
         progress: bool = False,
+        verify: bool = False,
+        shard_passages: int = DEFAULT_SHARD_PASSAGES,
+        block_postings: int = DEFAULT_BLOCK_POSTINGS,
+        _source: _CorpusSource | None = None,
     ) -> None:
         if method not in ("lucene", "robertson", "atire", "bm25l", "bm25+"):
             raise ConfigError(f"unknown BM25 method {method!r}")
@@ -244,9 +282,20 @@ class BM25Retriever:
             raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
         if title_weight < 0 or int(title_weight) != title_weight:
             raise ConfigError(f"title_weight must be a non-negative integer, got {title_weight!r}")
-        self.passages: list[Passage] = list(passages)
-        if not self.passages:
-            raise ConfigError("cannot build a BM25 index over an empty corpus")
+        if shard_passages < 1 or block_postings < 1:
+            raise ConfigError("shard_passages and block_postings must be positive integers")
+        if _source is None:
+            if passages is None:
+                raise ConfigError("give the passages, or use BM25Retriever.from_file / from_dataset")
+            in_memory = list(passages)
+            if not in_memory:
+                raise ConfigError("cannot build a BM25 index over an empty corpus")
+            _source = _CorpusSource(
+                stream=lambda: iter(in_memory),
+                digest=_passages_digest(in_memory),
+                total=lambda: len(in_memory),
+                on_duplicate=lambda exc: ConfigError(str(exc)),
+            )
         self.settings: dict[str, Any] = {
             "method": method,
             "k1": float(k1),
@@ -263,22 +312,22 @@ class BM25Retriever:
         self._tokenize = _Tokenizer(
             token_pattern=token_pattern, stopwords=stopwords, stemmer=stemmer, fold_accents=fold_accents
         )
-        self.index_key = self._compute_key()
-        self.index_dir: Path | None = (
-            resolve_cache_dir(cache_dir) / "bm25" / self.index_key if persist else None
-        )
-        #: True when this instance built the index, False when it loaded a cached one.
+        self._build_limits = {"shard_passages": shard_passages, "block_postings": block_postings}
+        self.index_key = self._compute_key(_source.digest)
+        #: True when this instance built the index, False when it opened a cached one.
         self.index_built = False
-        self.build_seconds = 0.0
         started = time.perf_counter()
-        bm25 = self._load() if self.index_dir is not None else None
-        if bm25 is None:
-            bm25 = self._build(progress=progress)
-            self.index_built = True
-            if self.index_dir is not None:
-                self._save(bm25)
+        if persist:
+            self.index_dir: Path | None = resolve_cache_dir(cache_dir) / "bm25" / self.index_key
+            index = self._open_or_build(_source, progress=progress, verify=verify)
+        else:
+            self.index_dir = None
+            scratch = Path(tempfile.mkdtemp(prefix="ragsuite-bm25-"))
+            weakref.finalize(self, shutil.rmtree, scratch, True)
+            self._build(_source, scratch / "index", progress=progress)
+            index = OpenIndex.open(scratch / "index")
         self.build_seconds = time.perf_counter() - started
-        self._adopt(bm25)
+        self._adopt(index)
 
     @classmethod
     def from_dataset(
@@ -289,7 +338,7 @@ class BM25Retriever:
         cache_dir: str | os.PathLike[str] | None = None,
         **settings: Any,
     ) -> BM25Retriever:
-        """The index of a dataset's ``corpus.jsonl`` (see :func:`ragsuite.data.datasets.load_corpus`).
+        """The index of a dataset's ``corpus.jsonl``, streamed from disk (never loaded whole).
 
         Args:
             name: Dataset name (its corpus is indexed; TriviaQA has none: use ``"nq"``).
@@ -297,204 +346,183 @@ class BM25Retriever:
             cache_dir: Cache root.
             **settings: Any keyword argument of the constructor.
         """
-        from ragsuite.data.datasets import load_corpus
+        from ragsuite.data.datasets import corpus_path
 
-        return cls(load_corpus(name, data_dir=data_dir), cache_dir=cache_dir, dataset=name, **settings)
+        path = corpus_path(name, data_dir)
+        source = _file_source(path, cache_dir=cache_dir)
+        return cls(cache_dir=cache_dir, dataset=name, _source=source, **settings)
 
     @classmethod
     def from_file(
         cls, path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None, **settings: Any
     ) -> BM25Retriever:
-        """The index of your own corpus file (JSONL, TSV, CSV or Parquet with ``id``, ``title``, ``text``)."""
-        from ragsuite.data.datasets import load_corpus_source
+        """The index of your own corpus file (JSONL, TSV, CSV or Parquet with ``id``, ``title``, ``text``),
+        streamed from disk (never loaded whole)."""
+        from ragsuite.data.datasets import file_sha256_cached
 
-        passages, source = load_corpus_source(path)
-        return cls(passages, cache_dir=cache_dir, corpus_file=source, **settings)
+        resolved = Path(path).expanduser().resolve()
+        if not resolved.is_file():
+            raise DataError(f"{resolved} does not exist")
+        source = _file_source(resolved, cache_dir=cache_dir)
+        corpus_file = {
+            "corpus_path": str(resolved),
+            "corpus_sha256": file_sha256_cached(resolved, cache_dir=cache_dir),
+        }
+        return cls(cache_dir=cache_dir, corpus_file=corpus_file, _source=source, **settings)
 
-    # -- building and persistence -------------------------------------------------------------------
+    # -- building and opening ----------------------------------------------------------------------
 
-    def _compute_key(self) -> str:
+    def _compute_key(self, corpus_digest: str) -> str:
         bm25s = _bm25s()
 
         digest = hashlib.sha256()
-        header = {"format": _FORMAT_VERSION, "bm25s": bm25s.__version__, "settings": self.settings}
+        header = {"format": FORMAT_VERSION, "bm25s": bm25s.__version__, "settings": self.settings}
         digest.update(json.dumps(header, sort_keys=True).encode())
-        for p in self.passages:
-            digest.update(f"{p.id}\x00{p.title}\x00{p.text}\x01".encode("utf-8", "surrogatepass"))
+        digest.update(corpus_digest.encode())
         return digest.hexdigest()[:24]
 
     def _document(self, passage: Passage) -> str:
         return (passage.title + " ") * self.settings["title_weight"] + passage.text
 
-    def _build(self, *, progress: bool) -> Any:
-        from tqdm.auto import tqdm
-
+    def _build(self, source: _CorpusSource, work: Path, *, progress: bool) -> dict[str, Any]:
         bm25s = _bm25s()
-        log.info("building BM25 index %s over %d passages", self.index_key, len(self.passages))
-        docs_words = [
-            self._tokenize.words(self._document(p))
-            for p in tqdm(self.passages, desc="BM25 index", unit="passage", disable=not progress, leave=False)
-        ]
-        stems = self._tokenize.stem_all(w for words in docs_words for w in words)
-        vocab: dict[str, int] = {}
-        doc_ids = [[vocab.setdefault(stems[w], len(vocab)) for w in words] for words in docs_words]
         s = self.settings
-        bm25 = bm25s.BM25(method=s["method"], k1=s["k1"], b=s["b"], delta=s["delta"])
-        bm25.index((doc_ids, vocab), show_progress=False)
-        return bm25
-
-    def _meta(self) -> dict[str, Any]:
-        bm25s = _bm25s()
-
-        return {
+        builder = IndexBuilder(
+            work,
+            tokenize=self._tokenize,
+            document=self._document,
+            scoring=Scoring(method=s["method"], k1=s["k1"], b=s["b"], delta=s["delta"]),
+            **self._build_limits,
+        )
+        meta = {
             "index_key": self.index_key,
-            "format": _FORMAT_VERSION,
             "bm25s": bm25s.__version__,
-            "settings": self.settings,
-            "num_docs": len(self.passages),
+            "settings": s,
             "dataset": self.dataset,
         }
-
-    def _save(self, bm25: Any) -> None:
-        assert self.index_dir is not None
-        parent = self.index_dir.parent
-        tmp = parent / f".tmp-{self.index_key}-{uuid.uuid4().hex[:8]}"
+        log.info("building BM25 index %s in %s", self.index_key, work)
         try:
-            parent.mkdir(parents=True, exist_ok=True)
-            bm25.save(tmp, show_progress=False)
-            # The metadata file is written last: its presence marks a complete index, and the size and
-            # checksum of every file in it let a later load detect damage.
-            meta = {**self._meta(), "files": index_file_digests(tmp)}
-            (tmp / _META_NAME).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-            os.replace(tmp, self.index_dir)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if (self.index_dir / _META_NAME).is_file():
-                log.debug("BM25 index %s was saved concurrently by another process", self.index_key)
-            else:
-                log.warning(
-                    "could not save the BM25 index to %s (%s); it stays in memory", self.index_dir, exc
-                )
-            return
-        log.info("saved BM25 index to %s", self.index_dir)
+            built = builder.build(
+                source.stream(), total=source.total() if progress else None, progress=progress, meta=meta
+            )
+        except DuplicateIdError as exc:
+            raise source.on_duplicate(exc) from None
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.index_built = True
+        return built
 
-    def _load(self) -> Any | None:
-        """The cached index, or None when absent; a damaged one is removed (with a warning) to be rebuilt."""
-        bm25s = _bm25s()
-
+    def _open_or_build(self, source: _CorpusSource, *, progress: bool, verify: bool) -> OpenIndex:
         assert self.index_dir is not None
         directory = self.index_dir
+        index = self._open_cached(directory, verify=verify)
+        if index is not None:
+            return index
+        parent = directory.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            lock = (parent / f"{self.index_key}.lock").open("a")
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write the BM25 index under {parent} ({exc}); pass another --cache-dir"
+            ) from exc
+        with lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.warning("another process is building BM25 index %s; waiting for it", self.index_key)
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            index = self._open_cached(directory, verify=verify)  # built while this one waited
+            if index is not None:
+                return index
+            work = parent / f"{self.index_key}.partial"
+            self._build(source, work, progress=progress)
+            os.replace(work, directory)
+            # Only after success: a process still waiting on this lock finds the index when it gets it.
+            Path(lock.name).unlink(missing_ok=True)
+            log.info("saved BM25 index to %s", directory)
+            return OpenIndex.open(directory)
+
+    def _open_cached(self, directory: Path, *, verify: bool) -> OpenIndex | None:
+        """The cached index, or None when absent; a damaged one is removed (with a warning) to be rebuilt."""
         if not directory.exists():
             return None
         try:
-            meta = json.loads((directory / _META_NAME).read_text(encoding="utf-8"))
-            if meta.get("index_key") != self.index_key or meta.get("num_docs") != len(self.passages):
-                raise ValueError("its metadata does not match this corpus and these settings")
-            verify_index_files(directory, meta.get("files"))
-            bm25 = bm25s.BM25.load(directory, load_corpus=False, mmap=False, show_progress=False)
-            self._check(bm25)
-        except Exception as exc:  # any failure inside bm25s/numpy/json means the files are unusable
+            index = OpenIndex.open(directory, verify=verify)
+            if index.meta.get("index_key") != self.index_key:
+                raise IndexDamaged("its metadata does not match this corpus and these settings")
+        except (IndexDamaged, OSError, ValueError, KeyError, TypeError) as exc:
             log.warning(
                 "the cached BM25 index at %s is unusable (%s: %s); rebuilding it",
                 directory,
                 type(exc).__name__,
                 exc,
             )
-            self._discard(directory)
+            _discard(directory)
             return None
-        log.info("loaded BM25 index %s from %s", self.index_key, directory)
-        return bm25
+        log.info("opened BM25 index %s at %s", self.index_key, directory)
+        return index
 
-    def _check(self, bm25: Any) -> None:
-        scores = bm25.scores
-        n_terms = len(bm25.vocab_dict)
-        indptr, indices, data = scores["indptr"], scores["indices"], scores["data"]
-        if scores["num_docs"] != len(self.passages):
-            raise ValueError(f"it indexes {scores['num_docs']} passages, the corpus has {len(self.passages)}")
-        if (
-            indptr.ndim != 1
-            or len(indptr) < n_terms
-            or indptr[-1] != len(indices)
-            or len(indices) != len(data)
-        ):
-            raise ValueError("its score arrays are inconsistent")
-        if len(indices) and (indices.min() < 0 or indices.max() >= len(self.passages)):
-            raise ValueError("its passage indices are out of range")
-
-    @staticmethod
-    def _discard(directory: Path) -> None:
-        aside = directory.with_name(f".corrupt-{directory.name}-{uuid.uuid4().hex[:8]}")
-        try:
-            os.replace(directory, aside)
-        except OSError:
-            aside = directory
-        shutil.rmtree(aside, ignore_errors=True)
-
-    def _adopt(self, bm25: Any) -> None:
-        self._vocab: dict[str, int] = bm25.vocab_dict
-        self._data = np.asarray(bm25.scores["data"], dtype=np.float64)
-        self._indices = np.asarray(bm25.scores["indices"], dtype=np.int64)
-        self._indptr = np.asarray(bm25.scores["indptr"], dtype=np.int64)
-        nonoccurrence = getattr(bm25, "nonoccurrence_array", None)
-        self._nonoccurrence = None if nonoccurrence is None else np.asarray(nonoccurrence, dtype=np.float64)
-        self._n = len(self.passages)
+    def _adopt(self, index: OpenIndex) -> None:
+        self._index = index
+        #: The corpus, read from the index's passage store on demand (a read-only sequence of passages).
+        self.passages = index.passages
+        self._n = len(index.passages)
+        self._buffers = _ScoreBuffers(self._n)
 
     # -- querying -----------------------------------------------------------------------------------
 
-    def _term_ids(self, query: str) -> np.ndarray:
+    def _term_ids(self, query: str) -> list[int]:
         if not isinstance(query, str):
             raise ConfigError(f"a query must be a string, got {type(query).__name__}")
-        vocab = self._vocab
-        return np.fromiter(
-            (vocab[t] for t in self._tokenize(query) if t in vocab and t != ""), dtype=np.int64
-        )
+        lookup = self._index.vocabulary.get
+        ids = (lookup(t) for t in self._tokenize(query) if t != "")
+        return [t for t in ids if t is not None]
 
-    def _scores(self, term_ids: Sequence[np.ndarray]) -> np.ndarray:
-        """Dense (len(term_ids), n_passages) BM25 scores: one bincount over all (query, term) postings."""
-        n = self._n
-        lengths_per_query = [len(t) for t in term_ids]
-        terms = np.concatenate(term_ids) if term_ids else np.zeros(0, dtype=np.int64)
-        query_of_term = np.repeat(np.arange(len(term_ids)), lengths_per_query)
-        starts = self._indptr[terms]
-        counts = self._indptr[terms + 1] - starts
-        total = int(counts.sum())
-        # Positions of every posting of every term: starts[i] .. starts[i] + counts[i] - 1, concatenated.
-        offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-        positions = offsets + np.arange(total)
-        cells = np.repeat(query_of_term, counts) * n + self._indices[positions]
-        scores = np.bincount(cells, weights=self._data[positions], minlength=len(term_ids) * n)
-        scores = scores.reshape(len(term_ids), n)
-        if self._nonoccurrence is not None:  # BM25L / BM25+: a per-query constant, as bm25s adds it
-            scores += np.array([self._nonoccurrence[t].sum() for t in term_ids])[:, None]
-        return scores
-
-    def _top_indices(self, scores: np.ndarray, k: int) -> np.ndarray:
-        """Indices of the k best passages, ties broken by corpus order so results are deterministic."""
-        n = len(scores)
-        if k >= n:
-            return np.lexsort((np.arange(n), -scores))
-        part = np.argpartition(-scores, k - 1)[:k]
-        candidates = np.flatnonzero(scores >= scores[part].min())
-        return candidates[np.lexsort((candidates, -scores[candidates]))][:k]
-
-    def _top_rows(self, scores: np.ndarray, k: int) -> list[np.ndarray]:
-        """:meth:`_top_indices` for every row of a score matrix, vectorized where no tie straddles rank k."""
-        n = scores.shape[1]
-        if k >= n:
-            return list(np.lexsort((np.broadcast_to(np.arange(n), scores.shape), -scores), axis=-1))
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        values = np.take_along_axis(scores, part, axis=1)
-        kth = values.min(axis=1)
-        exact = (scores >= kth[:, None]).sum(axis=1) == k
-        ordered = np.take_along_axis(part, np.lexsort((part, -values), axis=-1), axis=1)
-        return [ordered[i] if exact[i] else self._top_indices(scores[i], k) for i in range(len(scores))]
-
-    def _passages(self, order: np.ndarray, scores: np.ndarray) -> list[Passage]:
-        corpus = self.passages
-        # Direct construction: dataclasses.replace costs several times more per passage.
-        return [
-            Passage(corpus[i].id, corpus[i].title, corpus[i].text, float(scores[i])) for i in order.tolist()
-        ]
+    def _search(self, term_ids: list[int], k: int) -> list[Passage]:
+        """The top ``k`` passages, ranked exactly as sorting every passage by (score desc, corpus order)."""
+        index = self._index
+        indptr, indices, weights = index.indptr, index.indices, index.weights
+        buffer = self._buffers.take()
+        try:
+            touched = []
+            for term in term_ids:  # a term's postings hold each passage once: no repeated index below
+                lo, hi = int(indptr[term]), int(indptr[term + 1])
+                docs = np.asarray(indices[lo:hi])
+                buffer[docs] += weights[lo:hi]
+                touched.append(docs)
+            candidates = np.concatenate(touched)
+            sums = buffer[candidates]
+            buffer[candidates] = 0.0
+        finally:
+            self._buffers.give(buffer)
+        # BM25L / BM25+: every passage also gets each term's non-occurrence score (a float32 sum, as bm25s).
+        base = 0.0
+        if index.nonoccurrence is not None:
+            base += index.nonoccurrence[np.asarray(term_ids, dtype=np.int64)].sum()
+        scores = sums + base
+        above = scores > base
+        candidates, scores = candidates[above], scores[above]
+        # A passage appears once per query term it matched: the k*T best entries hold the k best passages.
+        keep = k * max(1, len(term_ids))
+        if len(scores) > keep:
+            threshold = scores[np.argpartition(-scores, keep - 1)[:keep]].min()
+            wanted = scores >= threshold
+            candidates, scores = candidates[wanted], scores[wanted]
+        candidates, first = np.unique(candidates, return_index=True)
+        scores = scores[first]
+        order = np.lexsort((candidates, -scores))[:k]
+        top, top_scores = candidates[order].tolist(), scores[order].tolist()
+        if len(top) < k:  # every other passage scores `base`: they follow in corpus order
+            matched = set(top)
+            fill = (i for i in range(self._n) if i not in matched)
+            for i in fill:
+                if len(top) == min(k, self._n):
+                    break
+                top.append(i)
+                top_scores.append(float(base))
+        get = index.passages.get
+        return [get(i, float(score)) for i, score in zip(top, top_scores, strict=True)]
 
     def _check_k(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -507,30 +535,21 @@ class BM25Retriever:
         """
         self._check_k(k)
         term_ids = self._term_ids(query)
-        if not len(term_ids):
+        if not term_ids:
             return []
         try:
-            scores = self._scores([term_ids])[0]
-            return self._passages(self._top_indices(scores, k), scores)
-        except (ValueError, IndexError) as exc:
+            return self._search(term_ids, int(k))
+        except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 search failed for query {query[:200]!r}: {exc}") from exc
 
     def batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
-        """``[self(q, k) for q in queries]``, scored together (much faster than a loop)."""
+        """``[self(q, k) for q in queries]``."""
         self._check_k(k)
         all_ids = [self._term_ids(q) for q in queries]
-        results: list[list[Passage]] = [[] for _ in all_ids]
-        nonempty = [i for i, ids in enumerate(all_ids) if len(ids)]
-        chunk = max(1, _MAX_SCORE_CELLS // self._n)
         try:
-            for lo in range(0, len(nonempty), chunk):
-                rows = nonempty[lo : lo + chunk]
-                scores = self._scores([all_ids[i] for i in rows])
-                for row, (i, order) in enumerate(zip(rows, self._top_rows(scores, k), strict=True)):
-                    results[i] = self._passages(order, scores[row])
-        except (ValueError, IndexError) as exc:
+            return [self._search(ids, int(k)) if ids else [] for ids in all_ids]
+        except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 batch search failed: {exc}") from exc
-        return results
 
     def describe(self) -> dict[str, Any]:
         """Kind, spec, index key, corpus size and settings (JSON-able)."""
@@ -556,3 +575,36 @@ class BM25Retriever:
 
     def __repr__(self) -> str:
         return f"BM25Retriever({self.describe()['spec']!r}, passages={self._n}, key={self.index_key})"
+
+
+def _file_source(path: Path, *, cache_dir: str | os.PathLike[str] | None) -> _CorpusSource:
+    """A corpus file as an index source: streamed, keyed by its (remembered) sha256."""
+    from ragsuite.data.datasets import count_table_rows, file_sha256_cached, iter_corpus_file
+
+    def on_duplicate(exc: DuplicateIdError) -> Exception:
+        lines = [
+            line
+            for number, (line, _) in enumerate(iter_corpus_file(path))
+            if number in (exc.first, exc.second)
+        ]
+        if len(lines) == 2:
+            return DataError(
+                f"{path}:{lines[1]}: duplicate passage id {exc.passage_id!r} (first on line {lines[0]})"
+            )
+        return DataError(f"{path}: {exc}")
+
+    return _CorpusSource(
+        stream=lambda: (passage for _, passage in iter_corpus_file(path)),
+        digest="file:" + file_sha256_cached(path, cache_dir=cache_dir),
+        total=lambda: count_table_rows(path),
+        on_duplicate=on_duplicate,
+    )
+
+
+def _discard(directory: Path) -> None:
+    aside = directory.with_name(f".corrupt-{directory.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.replace(directory, aside)
+    except OSError:
+        aside = directory
+    shutil.rmtree(aside, ignore_errors=True)

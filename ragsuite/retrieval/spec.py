@@ -146,7 +146,7 @@ def _check_corpus_file(description: Mapping[str, Any]) -> None:
     saved_path, saved_hash = description.get("corpus_path"), description.get("corpus_sha256")
     if not saved_path:
         return
-    from ragsuite.data.datasets import file_sha256
+    from ragsuite.data.datasets import file_sha256_cached
 
     path = Path(saved_path)
     if not path.is_file():
@@ -154,7 +154,7 @@ def _check_corpus_file(description: Mapping[str, Any]) -> None:
             f"the corpus file {path} it was built on no longer exists (moved or deleted); put it back or "
             "rebuild the retriever over its new location (CLI: --retriever bm25:NEW_PATH)"
         )
-    if saved_hash and file_sha256(path) != saved_hash:
+    if saved_hash and file_sha256_cached(path) != saved_hash:
         raise ConfigError(
             f"the corpus file {path} changed since the program was saved (sha256 {saved_hash[:12]}... "
             "expected); restore it, or pass a retriever over the new content explicitly "
