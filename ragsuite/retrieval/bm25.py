@@ -32,11 +32,13 @@ so its cost follows the postings it reads, not the corpus size.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
-import queue
 import re
 import shutil
 import tempfile
@@ -46,6 +48,7 @@ import unicodedata
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +57,7 @@ import numpy as np
 
 from ragsuite.errors import ConfigError, DataError, RetrievalError
 from ragsuite.paths import cache_dir as resolve_cache_dir
+from ragsuite.retrieval import bm25_kernel
 from ragsuite.retrieval.base import Passage
 from ragsuite.retrieval.bm25_index import (
     DEFAULT_BLOCK_POSTINGS,
@@ -74,22 +78,54 @@ StopwordList = Literal["en", "en_plus", "none"]
 _STEM_CACHE_LIMIT = 500_000
 
 
-def _bm25s() -> Any:
-    """Import bm25s, undoing the DEBUG level it forces on its own logger (which would make every index build
-    print a debug line through an application's root handler)."""
-    import bm25s
+@functools.cache
+def _bm25s_version() -> str:
+    """bm25s' version, from its package metadata (importing bm25s costs ~0.5 s: it imports scipy and numba
+    when they are installed)."""
+    return importlib.metadata.version("bm25s")
 
-    bm25s_log = logging.getLogger("bm25s")
-    if bm25s_log.level == logging.DEBUG:
-        bm25s_log.setLevel(logging.NOTSET)
-    return bm25s
+
+@functools.cache
+def _stopword_lists() -> dict[str, tuple[str, ...]]:
+    """bm25s' stopword lists, read from its ``stopwords`` module file alone (not through the package, see
+    :func:`_bm25s_version`)."""
+    spec = importlib.util.find_spec("bm25s")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(locations[0]) / "stopwords.py" if locations else None
+    if path is None or not path.is_file():
+        from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
+    else:
+        module_spec = importlib.util.spec_from_file_location("_ragsuite_bm25s_stopwords", path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        STOPWORDS_EN, STOPWORDS_EN_PLUS = module.STOPWORDS_EN, module.STOPWORDS_EN_PLUS
+    return {"en": tuple(STOPWORDS_EN), "en_plus": tuple(STOPWORDS_EN_PLUS), "none": ()}
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_FOLDED: dict[str, str] = {}
+
+
+def _fold_char(match: re.Match[str]) -> str:
+    char = match.group()
+    folded = _FOLDED.get(char)
+    if folded is None:
+        folded = "".join(c for c in unicodedata.normalize("NFKD", char) if not unicodedata.combining(c))
+        _FOLDED[char] = folded
+    return folded
 
 
 def _fold(text: str) -> str:
-    """Drop diacritics ("Dvořák" -> "Dvorak"); ASCII text is returned as is, cheaply."""
+    """Drop diacritics ("Dvořák" -> "Dvorak"); ASCII text is returned as is, cheaply.
+
+    The same as NFKD-normalizing the whole text and dropping combining marks (NFKD decomposes character by
+    character; its reordering only moves combining marks, which are dropped), but done per distinct
+    non-ASCII character, memoized, so long texts with a few accents cost little.
+    """
     if text.isascii():
         return text
-    return "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
+    return _NON_ASCII.sub(_fold_char, text)
 
 
 class _Tokenizer:
@@ -102,13 +138,11 @@ class _Tokenizer:
     def __init__(
         self, *, token_pattern: str, stopwords: StopwordList, stemmer: str | None, fold_accents: bool
     ):
-        from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
-
         try:
             self._split = re.compile(token_pattern).findall
         except re.error as exc:
             raise ConfigError(f"invalid token_pattern {token_pattern!r}: {exc}") from None
-        lists = {"en": STOPWORDS_EN, "en_plus": STOPWORDS_EN_PLUS, "none": ()}
+        lists = _stopword_lists()
         if stopwords not in lists:
             raise ConfigError(f"stopwords must be one of {', '.join(lists)}, not {stopwords!r}")
         self._stopwords = frozenset(lists[stopwords])
@@ -176,35 +210,6 @@ def _passages_digest(passages: Sequence[Passage]) -> str:
     for p in passages:
         digest.update(f"{p.id}\x00{p.title}\x00{p.text}\x01".encode("utf-8", "surrogatepass"))
     return "passages:" + digest.hexdigest()
-
-
-class _ScoreBuffers:
-    """Reusable float64 score arrays of corpus length, at most one per CPU in use at a time.
-
-    A query adds into one and zeroes what it touched, so no query allocates or clears a corpus-sized
-    array; threads beyond the limit wait for a free buffer (they would only contend for the CPUs anyway).
-    """
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        self._created = 0
-        self._limit = max(2, os.cpu_count() or 2)
-        self._lock = threading.Lock()
-
-    def take(self) -> np.ndarray:
-        try:
-            return self._free.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            if self._created < self._limit:
-                self._created += 1
-                return np.zeros(self._size, dtype=np.float64)
-        return self._free.get()
-
-    def give(self, buffer: np.ndarray) -> None:
-        self._free.put(buffer)
 
 
 class BM25Retriever:
@@ -373,10 +378,8 @@ class BM25Retriever:
     # -- building and opening ----------------------------------------------------------------------
 
     def _compute_key(self, corpus_digest: str) -> str:
-        bm25s = _bm25s()
-
         digest = hashlib.sha256()
-        header = {"format": FORMAT_VERSION, "bm25s": bm25s.__version__, "settings": self.settings}
+        header = {"format": FORMAT_VERSION, "bm25s": _bm25s_version(), "settings": self.settings}
         digest.update(json.dumps(header, sort_keys=True).encode())
         digest.update(corpus_digest.encode())
         return digest.hexdigest()[:24]
@@ -385,7 +388,6 @@ class BM25Retriever:
         return (passage.title + " ") * self.settings["title_weight"] + passage.text
 
     def _build(self, source: _CorpusSource, work: Path, *, progress: bool) -> dict[str, Any]:
-        bm25s = _bm25s()
         s = self.settings
         builder = IndexBuilder(
             work,
@@ -396,7 +398,7 @@ class BM25Retriever:
         )
         meta = {
             "index_key": self.index_key,
-            "bm25s": bm25s.__version__,
+            "bm25s": _bm25s_version(),
             "settings": s,
             "dataset": self.dataset,
         }
@@ -468,7 +470,11 @@ class BM25Retriever:
         #: The corpus, read from the index's passage store on demand (a read-only sequence of passages).
         self.passages = index.passages
         self._n = len(index.passages)
-        self._buffers = _ScoreBuffers(self._n)
+        # Plain ndarray views of the maps (the compiled kernel takes no ndarray subclass).
+        self._indptr = np.asarray(index.indptr)
+        self._indices = np.asarray(index.indices)
+        self._weights = np.asarray(index.weights)
+        self._workspaces = bm25_kernel.Workspaces(self._n)
 
     # -- querying -----------------------------------------------------------------------------------
 
@@ -482,45 +488,25 @@ class BM25Retriever:
     def _search(self, term_ids: list[int], k: int) -> list[Passage]:
         """The top ``k`` passages, ranked exactly as sorting every passage by (score desc, corpus order)."""
         index = self._index
-        indptr, indices, weights = index.indptr, index.indices, index.weights
-        buffer = self._buffers.take()
-        try:
-            touched = []
-            for term in term_ids:  # a term's postings hold each passage once: no repeated index below
-                lo, hi = int(indptr[term]), int(indptr[term + 1])
-                docs = np.asarray(indices[lo:hi])
-                buffer[docs] += weights[lo:hi]
-                touched.append(docs)
-            candidates = np.concatenate(touched)
-            sums = buffer[candidates]
-            buffer[candidates] = 0.0
-        finally:
-            self._buffers.give(buffer)
+        terms = np.asarray(term_ids, dtype=np.int64)
         # BM25L / BM25+: every passage also gets each term's non-occurrence score (a float32 sum, as bm25s).
-        base = 0.0
-        if index.nonoccurrence is not None:
-            base += index.nonoccurrence[np.asarray(term_ids, dtype=np.int64)].sum()
-        scores = sums + base
-        above = scores > base
-        candidates, scores = candidates[above], scores[above]
-        # A passage appears once per query term it matched: the k*T best entries hold the k best passages.
-        keep = k * max(1, len(term_ids))
-        if len(scores) > keep:
-            threshold = scores[np.argpartition(-scores, keep - 1)[:keep]].min()
-            wanted = scores >= threshold
-            candidates, scores = candidates[wanted], scores[wanted]
-        candidates, first = np.unique(candidates, return_index=True)
-        scores = scores[first]
-        order = np.lexsort((candidates, -scores))[:k]
-        top, top_scores = candidates[order].tolist(), scores[order].tolist()
+        base = 0.0 if index.nonoccurrence is None else float(index.nonoccurrence[terms].sum())
+        workspace = self._workspaces.take()
+        try:
+            docs, scores = bm25_kernel.top_k(
+                self._indptr, self._indices, self._weights, terms, workspace, k, base
+            )
+        finally:
+            self._workspaces.give(workspace)
+        top, top_scores = docs.tolist(), scores.tolist()
         if len(top) < k:  # every other passage scores `base`: they follow in corpus order
             matched = set(top)
-            fill = (i for i in range(self._n) if i not in matched)
-            for i in fill:
-                if len(top) == min(k, self._n):
+            for i in range(self._n):
+                if len(top) >= k:
                     break
-                top.append(i)
-                top_scores.append(float(base))
+                if i not in matched:
+                    top.append(i)
+                    top_scores.append(base)
         get = index.passages.get
         return [get(i, float(score)) for i, score in zip(top, top_scores, strict=True)]
 
@@ -547,14 +533,16 @@ class BM25Retriever:
         self._check_k(k)
         all_ids = [self._term_ids(q) for q in queries]
         try:
+            if bm25_kernel.kernel_name() == "numba" and len(all_ids) > 1:
+                # The compiled kernel releases the GIL: one thread per CPU scores queries side by side.
+                with ThreadPoolExecutor(max_workers=min(len(all_ids), os.cpu_count() or 1)) as pool:
+                    return list(pool.map(lambda ids: self._search(ids, int(k)) if ids else [], all_ids))
             return [self._search(ids, int(k)) if ids else [] for ids in all_ids]
         except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 batch search failed: {exc}") from exc
 
     def describe(self) -> dict[str, Any]:
         """Kind, spec, index key, corpus size and settings (JSON-able)."""
-        bm25s = _bm25s()
-
         if self.corpus_file:
             spec = f"bm25:{self.corpus_file['corpus_path']}"
         else:
@@ -566,7 +554,7 @@ class BM25Retriever:
             "index_key": self.index_key,
             "dataset": self.dataset,
             "num_passages": self._n,
-            "bm25s": bm25s.__version__,
+            "bm25s": _bm25s_version(),
             **self.settings,
         }
 

@@ -63,8 +63,8 @@ _SEP = "\x00"
 
 # One shard's postings are sorted in memory: ~100k passages of ~100 tokens is ~10M postings, ~250 MB.
 DEFAULT_SHARD_PASSAGES = 100_000
-# A merge block holds its postings several times over (ids, frequencies, weights, sort order): ~0.8 GB.
-DEFAULT_BLOCK_POSTINGS = 16_000_000
+# A merge block holds its postings several times over (ids, frequencies, weights, sort order): ~0.2 GB.
+DEFAULT_BLOCK_POSTINGS = 4_000_000
 
 
 class IndexDamaged(ValueError):
