@@ -230,3 +230,26 @@ def test_accent_folding_equals_whole_text_nfkd(data_dir: Path) -> None:
     for _ in range(3000):
         texts.append("".join(chr(rng.randrange(*rng.choice(ranges))) for _ in range(30)))
     assert [_fold(t) for t in texts] == [whole_text(t) for t in texts]
+
+
+@needs_numba
+def test_kernels_can_alternate_on_one_retriever(
+    tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passages = _corpus(data_dir)
+    questions = [ex.question for ex in load_dataset("strategyqa", data_dir=data_dir)]
+    expected = BM25Retriever(passages, persist=False).batch(questions, 10)
+    shared = BM25Retriever(passages, persist=False)
+    for i, question in enumerate(questions * 2):
+        monkeypatch.setenv("RAGSUITE_BM25_KERNEL", ("numba", "numpy")[i % 2])
+        assert shared(question, 10) == expected[i % len(questions)]
+
+
+def test_an_interrupted_query_never_leaves_scores_behind() -> None:
+    pool = bm25_kernel.Workspaces(5)
+    with pytest.raises(KeyboardInterrupt), pool.borrow() as workspace:
+        workspace.scores[2] = 7.0  # a query stopped half-way through adding postings
+        raise KeyboardInterrupt
+    for _ in range(4):
+        with pool.borrow() as workspace:
+            assert not workspace.scores.any()

@@ -39,6 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="replace an existing ColBERT index in --index-dir (--retriever colbert)",
     )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="BM25: check the sha256 of every file of an existing index before using it (by default only "
+        "sizes are checked, and the sha256 of files whose mtime changed)",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar while building (shown on a terminal)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.set_defaults(func=run)
 
@@ -54,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--checkpoint and --index-dir apply to --retriever colbert only")
         from ragsuite.cli.data_args import retriever_from_args
 
-        retriever = retriever_from_args(args, "bm25")
+        retriever = retriever_from_args(args, "bm25", verify=args.verify)
+        stats = retriever.index_stats()
         info = {
             "retriever": "bm25",
             "dataset": args.dataset,
@@ -63,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             "index_dir": str(retriever.index_dir),
             "passages": len(retriever),
             "built": retriever.index_built,
+            **stats,
         }
     info["seconds"] = round(time.perf_counter() - started, 3)
     if args.json:
@@ -76,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
         )
         if "index_key" in info:
             print(f"index key: {info['index_key']}")
+        if "terms" in info:
+            print(
+                f"{info['terms']:,} terms, {info['postings']:,} postings, "
+                f"{info['index_bytes'] / 2**20:,.1f} MiB on disk; query kernel: {info['kernel']}"
+            )
         print(f"index dir: {info['index_dir']}")
     return 0
 

@@ -491,13 +491,10 @@ class BM25Retriever:
         terms = np.asarray(term_ids, dtype=np.int64)
         # BM25L / BM25+: every passage also gets each term's non-occurrence score (a float32 sum, as bm25s).
         base = 0.0 if index.nonoccurrence is None else float(index.nonoccurrence[terms].sum())
-        workspace = self._workspaces.take()
-        try:
+        with self._workspaces.borrow() as workspace:
             docs, scores = bm25_kernel.top_k(
                 self._indptr, self._indices, self._weights, terms, workspace, k, base
             )
-        finally:
-            self._workspaces.give(workspace)
         top, top_scores = docs.tolist(), scores.tolist()
         if len(top) < k:  # every other passage scores `base`: they follow in corpus order
             matched = set(top)
@@ -556,6 +553,19 @@ class BM25Retriever:
             "num_passages": self._n,
             "bm25s": _bm25s_version(),
             **self.settings,
+        }
+
+    def index_stats(self) -> dict[str, Any]:
+        """Terms, postings, bytes on disk, build seconds and the query kernel in use."""
+        from ragsuite.retrieval.bm25_index import index_bytes
+
+        meta = self._index.meta
+        return {
+            "terms": int(meta["num_terms"]),
+            "postings": int(meta["num_postings"]),
+            "index_bytes": index_bytes(meta),
+            "build_seconds": meta.get("build_seconds"),
+            "kernel": bm25_kernel.kernel_name(),
         }
 
     def __len__(self) -> int:

@@ -726,3 +726,8 @@ class OpenIndex:
     def close(self) -> None:
         self.passages.close()
         self.vocabulary.close()
+
+
+def index_bytes(meta: dict[str, Any]) -> int:
+    """Bytes on disk of an index: its files as recorded in its metadata (the metadata file aside)."""
+    return sum(int(entry.get("size", 0)) for entry in (meta.get("files") or {}).values())

@@ -13,6 +13,8 @@ import importlib.util
 import os
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
@@ -32,7 +34,8 @@ def kernel_name() -> str:
 
 
 class Workspace:
-    """Per-query scratch arrays of corpus length, reused: scores, a touched-mark per passage, touched list."""
+    """Per-query scratch arrays of corpus length, reused: scores (all zero between queries), a touched-mark
+    per passage, and the list of touched passages."""
 
     def __init__(self, n: int) -> None:
         self.scores = np.zeros(n, dtype=np.float64)
@@ -59,7 +62,7 @@ class Workspaces:
         self._limit = max(2, os.cpu_count() or 2)
         self._lock = threading.Lock()
 
-    def take(self) -> Workspace:
+    def _take(self) -> Workspace:
         try:
             return self._free.get_nowait()
         except queue.Empty:
@@ -70,7 +73,17 @@ class Workspaces:
                 return Workspace(self._n)
         return self._free.get()
 
-    def give(self, workspace: Workspace) -> None:
+    @contextmanager
+    def borrow(self) -> Iterator[Workspace]:
+        """A workspace whose scores are all zero; returned to the pool only if the query finished (an
+        interrupted query may leave scores behind, so its workspace is dropped rather than reused)."""
+        workspace = self._take()
+        try:
+            yield workspace
+        except BaseException:
+            with self._lock:
+                self._created -= 1
+            raise
         self._free.put(workspace)
 
 
@@ -171,6 +184,8 @@ def _compile() -> Any:
             elif worse(heap_scores[0], heap_docs[0], s, d):
                 heap_scores[0], heap_docs[0] = s, d
                 sift_down(heap_scores, heap_docs, size, 0)
+        for i in range(count):  # leave the buffer all zero, as the NumPy path expects it
+            scores[touched[i]] = 0.0
         return heap_docs[:size].copy(), heap_scores[:size].copy()
 
     return top_k

@@ -1,0 +1,332 @@
+"""BM25 at paper scale: ragsuite's on-disk index against plain bm25s, synthetic corpora of 100k-21M passages.
+
+    python benchmarks/scale.py [--sizes 100k,1M,5M] [--bm25s-up-to 1M] [--queries 300] [--work DIR]
+                               [--out results.json] [--keep]
+
+For each size, a deterministic synthetic corpus with the word statistics of the dev passages is written once
+(``benchmarks/synthetic_corpus.py``), then every measurement runs in a fresh child process, so that peak
+memory is the child's own (``os.wait4``'s ``ru_maxrss``, the OS's accounting) and nothing is warm from an
+earlier step:
+
+* **build**: wall time and peak RSS of ``BM25Retriever.from_file`` (a fresh build, the corpus sha256
+  included), and the index size on disk; plain bm25s: ``bm25s.tokenize`` + ``BM25.index`` + ``save``, the
+  reference configuration of ``benchmarks/retrieval.py``;
+* **open**: wall time and RSS of a fresh process opening the built index (bm25s: ``BM25.load(mmap=True)``);
+* **query**: latency p50/p99 of one-by-one queries (real HotpotQA dev questions; the first query, which
+  compiles the kernel or warms the maps, is reported apart), and batched throughput (one call for all queries,
+  every core); ragsuite with its compiled kernel (numba) and its NumPy fallback, bm25s with its numpy backend
+  one by one and its numba backend batched. RSS after querying is reported with its anonymous part: the rest
+  is file pages of the memory-mapped index, which the OS can drop.
+
+The last table fits build time and peak RSS linearly in the passage count (least squares over the sizes run)
+and extrapolates to 5.2M (HotpotQA abstracts) and 21M (Wikipedia 2018) passages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from synthetic_corpus import parse_count, write_corpus  # noqa: E402
+
+K = 10
+QUESTION_FILES = [
+    ROOT.parent / "shared/data/hotpotqa/dev.jsonl",
+    ROOT / "tests/fixtures/data/hotpotqa/dev.jsonl",
+]
+
+
+def questions(limit: int) -> list[str]:
+    for path in QUESTION_FILES:
+        if path.is_file():
+            with path.open(encoding="utf-8") as handle:
+                rows = [json.loads(line)["question"] for line in handle if line.strip()]
+            return (rows * (limit // len(rows) + 1))[:limit]
+    raise SystemExit("no hotpotqa dev.jsonl found")
+
+
+def memory_now() -> dict[str, float]:
+    """VmRSS and its anonymous part, MiB, from /proc/self/status."""
+    fields = {}
+    with open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "RssAnon"):
+                fields[name] = int(value.split()[0]) / 1024
+    return {"rss_mib": fields.get("VmRSS", 0.0), "anon_mib": fields.get("RssAnon", 0.0)}
+
+
+def dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# -- children: one measurement each, printing one JSON line ----------------------------------------------
+
+
+def child_build_ragsuite(corpus: str, cache: str) -> dict:
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    started = time.perf_counter()
+    retriever = BM25Retriever.from_file(corpus, cache_dir=cache)
+    seconds = time.perf_counter() - started
+    assert retriever.index_built and retriever.index_dir is not None
+    meta = retriever._index.meta
+    return {
+        "seconds": seconds,
+        "index_bytes": dir_size(retriever.index_dir),
+        "terms": meta["num_terms"],
+        "postings": meta["num_postings"],
+    }
+
+
+def child_build_bm25s(corpus: str, out: str) -> dict:
+    import bm25s
+    import Stemmer
+
+    started = time.perf_counter()
+    with open(corpus, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle]
+    texts = [f"{r['title']} {r['text']}" for r in rows]
+    del rows
+    tokens = bm25s.tokenize(texts, stopwords="en", stemmer=Stemmer.Stemmer("english"), show_progress=False)
+    del texts
+    retriever = bm25s.BM25()
+    retriever.index(tokens, show_progress=False)
+    retriever.save(out)
+    return {"seconds": time.perf_counter() - started, "index_bytes": dir_size(Path(out))}
+
+
+def _latencies(search, queries: list[str]) -> dict:
+    started = time.perf_counter()
+    search(queries[0])
+    first = time.perf_counter() - started
+    times = []
+    for q in queries[1:]:
+        started = time.perf_counter()
+        search(q)
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return {
+        "first_ms": first * 1000,
+        "p50_ms": times[len(times) // 2] * 1000,
+        "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] * 1000,
+    }
+
+
+def child_query_ragsuite(corpus: str, cache: str, n_queries: str, kernel: str) -> dict:
+    os.environ["RAGSUITE_BM25_KERNEL"] = kernel
+    started = time.perf_counter()
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    retriever = BM25Retriever.from_file(corpus, cache_dir=cache)
+    open_seconds = time.perf_counter() - started
+    assert not retriever.index_built
+    after_open = memory_now()
+    queries = questions(int(n_queries))
+    single = _latencies(lambda q: retriever(q, K), queries)
+    started = time.perf_counter()
+    retriever.batch(queries, K)
+    batch_seconds = time.perf_counter() - started
+    return {
+        "open_seconds": open_seconds,
+        "open": after_open,
+        "single": single,
+        "batch_qps": len(queries) / batch_seconds,
+        "after": memory_now(),
+    }
+
+
+def child_query_bm25s(index: str, n_queries: str) -> dict:
+    started = time.perf_counter()
+    import bm25s
+    import Stemmer
+
+    retriever = bm25s.BM25.load(index, mmap=True)
+    open_seconds = time.perf_counter() - started
+    after_open = memory_now()
+    stemmer = Stemmer.Stemmer("english")
+    queries = questions(int(n_queries))
+
+    def one(q: str):
+        tokens = bm25s.tokenize([q], stopwords="en", stemmer=stemmer, show_progress=False)
+        return retriever.retrieve(tokens, k=K, show_progress=False)
+
+    single = _latencies(one, queries)
+    result = {"open_seconds": open_seconds, "open": after_open, "single": single}
+    for backend in ("numpy", "numba"):
+        retriever.backend = backend
+        warm = bm25s.tokenize(queries[:10], stopwords="en", stemmer=stemmer, show_progress=False)
+        retriever.retrieve(warm, k=K, show_progress=False, n_threads=os.cpu_count() or 1)  # compile, warm
+        started = time.perf_counter()
+        tokens = bm25s.tokenize(queries, stopwords="en", stemmer=stemmer, show_progress=False)
+        retriever.retrieve(tokens, k=K, show_progress=False, n_threads=os.cpu_count() or 1)
+        result[f"batch_qps_{backend}"] = len(queries) / (time.perf_counter() - started)
+    result["after"] = memory_now()
+    return result
+
+
+CHILDREN = {
+    "build-ragsuite": child_build_ragsuite,
+    "build-bm25s": child_build_bm25s,
+    "query-ragsuite": child_query_ragsuite,
+    "query-bm25s": child_query_bm25s,
+}
+
+
+def run_child(kind: str, *args: str) -> dict:
+    """Run one measurement in a fresh process; its JSON result plus its peak RSS (MiB) from wait4."""
+    process = subprocess.Popen(
+        [sys.executable, __file__, "--child", kind, *args], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"{kind} {' '.join(args)} failed with exit code {process.returncode}")
+    result = json.loads(output.strip().splitlines()[-1])
+    result["peak_rss_mib"] = usage.ru_maxrss / 1024  # Linux reports KiB
+    return result
+
+
+# -- the table ----------------------------------------------------------------------------------------------
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x``."""
+    if len(xs) < 2:
+        return 0.0, ys[0] / xs[0]
+    b = statistics.covariance(xs, ys) / statistics.variance(xs)
+    return statistics.fmean(ys) - b * statistics.fmean(xs), b
+
+
+def human(n: int) -> str:
+    return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
+
+
+def print_tables(results: list[dict]) -> None:
+    print("\n## Build")
+    print(
+        "| passages | ragsuite: time, peak RSS, index size | plain bm25s: time, peak RSS, index size "
+        "| RSS ratio |"
+    )
+    print("|---|---|---|---|")
+    for r in results:
+        ours, ref = r["build"], r.get("bm25s_build")
+        theirs = (
+            f"{ref['seconds']:.0f} s, {ref['peak_rss_mib'] / 1024:.2f} GiB, "
+            f"{ref['index_bytes'] / 2**20:.0f} MiB"
+            if ref
+            else "–"
+        )
+        ratio = f"{ours['peak_rss_mib'] / ref['peak_rss_mib']:.2f}x" if ref else "–"
+        print(
+            f"| {human(r['n'])} | {ours['seconds']:.0f} s, {ours['peak_rss_mib'] / 1024:.2f} GiB, "
+            f"{ours['index_bytes'] / 2**20:.0f} MiB | {theirs} | {ratio} |"
+        )
+    print("\n## Open a built index (fresh process)")
+    print("| passages | ragsuite: time, RSS | plain bm25s (mmap): time, RSS |")
+    print("|---|---|---|")
+    for r in results:
+        ours, ref = r["query"]["numba"] or r["query"]["numpy"], r.get("bm25s_query")
+        theirs = f"{ref['open_seconds']:.2f} s, {ref['open']['rss_mib']:.0f} MiB" if ref else "–"
+        print(
+            f"| {human(r['n'])} | {ours['open_seconds']:.3f} s, {ours['open']['rss_mib']:.0f} MiB "
+            f"| {theirs} |"
+        )
+    print(f"\n## Queries (k={K}; ms per query, one by one; batched queries/s on every core)")
+    print(
+        "| passages | ragsuite numba p50 / p99 | ragsuite numpy p50 / p99 | bm25s numpy p50 / p99 | "
+        "batched q/s: ragsuite numba, bm25s numba, ratio | RSS after, of which anonymous |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        cells = []
+        for kernel in ("numba", "numpy"):
+            q = r["query"].get(kernel)
+            cells.append(f"{q['single']['p50_ms']:.1f} / {q['single']['p99_ms']:.1f}" if q else "–")
+        ref = r.get("bm25s_query")
+        cells.append(f"{ref['single']['p50_ms']:.1f} / {ref['single']['p99_ms']:.1f}" if ref else "–")
+        ours = r["query"].get("numba") or r["query"]["numpy"]
+        if ref:
+            batch = (
+                f"{ours['batch_qps']:.0f}, {ref['batch_qps_numba']:.0f}, "
+                f"{ours['batch_qps'] / ref['batch_qps_numba']:.2f}x"
+            )
+        else:
+            batch = f"{ours['batch_qps']:.0f}, –, –"
+        memory = f"{ours['after']['rss_mib']:.0f} MiB, {ours['after']['anon_mib']:.0f} MiB"
+        print(f"| {human(r['n'])} | {' | '.join(cells)} | {batch} | {memory} |")
+    xs = [float(r["n"]) for r in results]
+    if len(xs) >= 2:
+        print("\n## Fitted growth (least squares over the sizes above; ragsuite build)")
+        print("| passages | build time | build peak RSS |")
+        print("|---|---|---|")
+        a_t, b_t = fit_line(xs, [r["build"]["seconds"] for r in results])
+        a_m, b_m = fit_line(xs, [r["build"]["peak_rss_mib"] for r in results])
+        for n in (5_200_000, 21_015_324):
+            print(f"| {n / 1e6:.1f}M | {(a_t + b_t * n) / 60:.0f} min | {(a_m + b_m * n) / 1024:.1f} GiB |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        print(json.dumps(CHILDREN[argv[1]](*argv[2:])))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--sizes", default="100k,1M,5M", help="comma-separated passage counts (100k, 1M, ...)"
+    )
+    parser.add_argument(
+        "--bm25s-up-to", type=parse_count, default=1_000_000, help="largest size bm25s builds"
+    )
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--work", type=Path, default=Path.home() / ".cache/ragsuite/bench-scale")
+    parser.add_argument("--out", type=Path, help="also write the raw results as JSON")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the built indexes (corpora are always kept)"
+    )
+    args = parser.parse_args(argv)
+    sizes = [parse_count(s) for s in args.sizes.split(",")]
+    results = []
+    for n in sizes:
+        corpus = write_corpus(n, args.work / f"synthetic-{human(n)}.jsonl")
+        cache = args.work / f"cache-{human(n)}"
+        shutil.rmtree(cache, ignore_errors=True)
+        print(f"[{human(n)}] ragsuite build ...", file=sys.stderr, flush=True)
+        row: dict = {"n": n, "build": run_child("build-ragsuite", str(corpus), str(cache)), "query": {}}
+        for kernel in ("numba", "numpy"):
+            print(f"[{human(n)}] ragsuite queries ({kernel}) ...", file=sys.stderr, flush=True)
+            row["query"][kernel] = run_child(
+                "query-ragsuite", str(corpus), str(cache), str(args.queries), kernel
+            )
+        if n <= args.bm25s_up_to:
+            out = args.work / f"bm25s-{human(n)}"
+            shutil.rmtree(out, ignore_errors=True)
+            print(f"[{human(n)}] bm25s build and queries ...", file=sys.stderr, flush=True)
+            row["bm25s_build"] = run_child("build-bm25s", str(corpus), str(out))
+            row["bm25s_query"] = run_child("query-bm25s", str(out), str(args.queries))
+            if not args.keep:
+                shutil.rmtree(out, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(cache, ignore_errors=True)
+        results.append(row)
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=2), encoding="utf-8")
+    print(f"\nscale benchmark: {os.cpu_count()} CPUs; peak RSS from wait4 (ru_maxrss) of each child process")
+    print_tables(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
