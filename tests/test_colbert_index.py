@@ -43,6 +43,7 @@ def built(tmp_path_factory, corpus):
     index_dir = root / "index"
     argv = ["index", "--retriever", "colbert", "--checkpoint", str(checkpoint), "--dataset", "strategyqa"]
     argv += ["--data-dir", str(root / "data"), "--index-dir", str(index_dir)]
+    argv += ["--doc-maxlen", "150", "--kmeans-niters", "3", "--index-bsize", "32"]  # PLAID settings as flags
     assert main(argv) == 0
     return checkpoint, index_dir
 
@@ -242,3 +243,10 @@ def test_late_interaction_scores_rerank_any_pool(index, corpus):
     assert index.score("anything", []) == []
     with pytest.raises(ConfigError):
         index.score("", pool)
+
+
+@pytest.mark.slow
+def test_plaid_flags_reach_the_index(built):
+    manifest = json.loads((built[1] / "ragsuite-colbert.json").read_text())
+    assert (manifest["doc_maxlen"], manifest["kmeans_niters"], manifest["index_bsize"]) == (150, 3, 32)
+    assert manifest["nbits"] == 2

@@ -34,6 +34,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--index-dir", default=None, help="where the ColBERT index is written (--retriever colbert)"
     )
+    plaid = parser.add_argument_group("ColBERT PLAID settings (--retriever colbert)")
+    plaid.add_argument(
+        "--nbits", type=int, default=2, choices=(1, 2, 4, 8), help="bits per residual dimension"
+    )
+    plaid.add_argument(
+        "--doc-maxlen", type=int, default=None, help="passage length in tokens (default: the checkpoint's)"
+    )
+    plaid.add_argument("--kmeans-niters", type=int, default=4, help="k-means iterations for the centroids")
+    plaid.add_argument("--index-bsize", type=int, default=64, help="passages encoded per batch")
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -115,7 +124,16 @@ def _index_colbert(args: argparse.Namespace) -> dict:
     # Imported here: the colbert extra (torch, colbert-ai) is optional.
     from ragsuite.retrieval.colbert.index import build_colbert_index
 
-    build_colbert_index(corpus, checkpoint=args.checkpoint, index_dir=index_dir, overwrite=args.overwrite)
+    build_colbert_index(
+        corpus,
+        checkpoint=args.checkpoint,
+        index_dir=index_dir,
+        nbits=args.nbits,
+        doc_maxlen=args.doc_maxlen,
+        kmeans_niters=args.kmeans_niters,
+        index_bsize=args.index_bsize,
+        overwrite=args.overwrite,
+    )
     return {
         "retriever": "colbert",
         "dataset": args.dataset,

@@ -160,7 +160,8 @@ def build_colbert_index(
     }
     atomic_write_text(root / MANIFEST, json.dumps(manifest, indent=2))
     log.info("indexed %d passages into %s in %.1fs", len(passages), root, seconds)
-    return ColBERTv2Index.load(root)
+    # Opened from the passages already in memory: no second read of the corpus it just wrote.
+    return ColBERTv2Index._open(root, manifest, passages, checkpoint=checkpoint)
 
 
 class ColBERTv2Index:
@@ -242,6 +243,30 @@ class ColBERTv2Index:
                 f"the checkpoint this index was built with ({ckpt}) is gone; "
                 "pass checkpoint= (or --checkpoint) to use another copy"
             )
+        return cls._open(
+            root,
+            manifest,
+            passages,
+            checkpoint=ckpt,
+            ncells=ncells,
+            centroid_score_threshold=centroid_score_threshold,
+            ndocs=ndocs,
+        )
+
+    @classmethod
+    def _open(
+        cls,
+        root: Path,
+        manifest: dict[str, Any],
+        passages: list[Passage],
+        *,
+        checkpoint: str,
+        ncells: int | None = None,
+        centroid_score_threshold: float | None = None,
+        ndocs: int | None = None,
+    ) -> ColBERTv2Index:
+        """Start colbert-ai's Searcher over a checked index directory and its passages."""
+        ckpt, plaid = checkpoint, root / PLAID
         _import_colbert()
         from colbert import Searcher
         from colbert.infra import ColBERTConfig
