@@ -175,7 +175,81 @@ def child_query_bm25s(index: str, n_queries: str) -> dict:
     return result
 
 
+def _ragsuite_tokenizer():
+    """ragsuite's BM25 analysis (title weighting, accent folding, stopwords, stemming) as text -> stems."""
+    from ragsuite.retrieval.base import Passage
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    probe = BM25Retriever([Passage("p", "", "probe")], persist=False)
+    return lambda row: probe._tokenize(probe._document(Passage(row["id"], row["title"], row["text"])))
+
+
+def child_build_tantivy(corpus: str, out: str) -> dict:
+    """tantivy over ragsuite's own stems (so both index the same terms), its writer memory capped at 1 GiB."""
+    import tantivy
+
+    analyze = _ragsuite_tokenizer()
+    started = time.perf_counter()
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("body", tokenizer_name="whitespace", index_option="freq")
+    builder.add_unsigned_field("n", stored=True)
+    Path(out).mkdir(parents=True)
+    index = tantivy.Index(builder.build(), path=out)
+    writer = index.writer(heap_size=1 << 30, num_threads=1)
+    with open(corpus, encoding="utf-8") as handle:
+        for n, line in enumerate(handle):
+            writer.add_document(tantivy.Document(body=" ".join(analyze(json.loads(line))), n=n))
+    writer.commit()
+    writer.wait_merging_threads()
+    return {"seconds": time.perf_counter() - started, "index_bytes": dir_size(Path(out))}
+
+
+def child_query_tantivy(index_dir: str, corpus: str, cache: str, n_queries: str) -> dict:
+    """tantivy's BM25 (k1 = 1.2, b = 0.75, fixed) one by one and on a thread per core; overlap@10 with
+    ragsuite's top 10 measures how close its ranking is."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tantivy
+
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    started = time.perf_counter()
+    index = tantivy.Index.open(index_dir)
+    searcher = index.searcher()
+    open_seconds = time.perf_counter() - started
+    after_open = memory_now()
+    ours = BM25Retriever.from_file(corpus, cache_dir=cache)
+    queries = questions(int(n_queries))
+
+    def one(q: str) -> list[int]:
+        stems = ours._tokenize(q)
+        if not stems:
+            return []
+        query = index.parse_query(" ".join(stems), ["body"])
+        return [searcher.doc(address)["n"][0] for _, address in searcher.search(query, K).hits]
+
+    single = _latencies(one, queries)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        ranked = list(pool.map(one, queries))
+    batch_qps = len(queries) / (time.perf_counter() - started)
+    overlap = []
+    for q, theirs in zip(queries, ranked, strict=True):
+        mine = {int(p.id[1:]) for p in ours(q, K)}  # synthetic ids are "s<passage number>"
+        overlap.append(len(mine & set(theirs)) / max(1, len(mine)))
+    return {
+        "open_seconds": open_seconds,
+        "open": after_open,
+        "single": single,
+        "batch_qps": batch_qps,
+        "overlap_at_10": statistics.fmean(overlap),
+        "after": memory_now(),
+    }
+
+
 CHILDREN = {
+    "build-tantivy": child_build_tantivy,
+    "query-tantivy": child_query_tantivy,
     "build-ragsuite": child_build_ragsuite,
     "build-bm25s": child_build_bm25s,
     "query-ragsuite": child_query_ragsuite,
@@ -214,59 +288,75 @@ def human(n: int) -> str:
     return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n / 1e3:g}k"
 
 
-def print_tables(results: list[dict]) -> None:
-    print("\n## Build")
-    print(
-        "| passages | ragsuite: time, peak RSS, index size | plain bm25s: time, peak RSS, index size "
-        "| RSS ratio |"
+def _build_cell(build: dict | None) -> str:
+    if not build:
+        return "–"
+    return (
+        f"{build['seconds']:.0f} s, {build['peak_rss_mib'] / 1024:.2f} GiB, "
+        f"{build['index_bytes'] / 2**20:,.0f} MiB"
     )
+
+
+def _latency_cell(query: dict | None) -> str:
+    return f"{query['single']['p50_ms']:.1f} / {query['single']['p99_ms']:.1f}" if query else "–"
+
+
+def print_tables(results: list[dict]) -> None:
+    print("\n## Build: time, peak RSS, index size on disk")
+    print("| passages | ragsuite | plain bm25s | tantivy (ragsuite's stems) | peak RSS ragsuite / bm25s |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        ref = r.get("bm25s_build")
+        ratio = f"{r['build']['peak_rss_mib'] / ref['peak_rss_mib']:.2f}x" if ref else "–"
+        print(
+            f"| {human(r['n'])} | {_build_cell(r['build'])} | {_build_cell(ref)} "
+            f"| {_build_cell(r.get('tantivy_build'))} | {ratio} |"
+        )
+    print("\n## Open a built index in a fresh process: time, RSS")
+    print("| passages | ragsuite | plain bm25s (mmap) | tantivy |")
     print("|---|---|---|---|")
     for r in results:
-        ours, ref = r["build"], r.get("bm25s_build")
-        theirs = (
-            f"{ref['seconds']:.0f} s, {ref['peak_rss_mib'] / 1024:.2f} GiB, "
-            f"{ref['index_bytes'] / 2**20:.0f} MiB"
-            if ref
-            else "–"
-        )
-        ratio = f"{ours['peak_rss_mib'] / ref['peak_rss_mib']:.2f}x" if ref else "–"
-        print(
-            f"| {human(r['n'])} | {ours['seconds']:.0f} s, {ours['peak_rss_mib'] / 1024:.2f} GiB, "
-            f"{ours['index_bytes'] / 2**20:.0f} MiB | {theirs} | {ratio} |"
-        )
-    print("\n## Open a built index (fresh process)")
-    print("| passages | ragsuite: time, RSS | plain bm25s (mmap): time, RSS |")
-    print("|---|---|---|")
-    for r in results:
-        ours, ref = r["query"]["numba"] or r["query"]["numpy"], r.get("bm25s_query")
-        theirs = f"{ref['open_seconds']:.2f} s, {ref['open']['rss_mib']:.0f} MiB" if ref else "–"
-        print(
-            f"| {human(r['n'])} | {ours['open_seconds']:.3f} s, {ours['open']['rss_mib']:.0f} MiB "
-            f"| {theirs} |"
-        )
-    print(f"\n## Queries (k={K}; ms per query, one by one; batched queries/s on every core)")
+        cells = []
+        for q in (
+            r["query"].get("numba") or r["query"]["numpy"],
+            r.get("bm25s_query"),
+            r.get("tantivy_query"),
+        ):
+            cells.append(f"{q['open_seconds']:.3f} s, {q['open']['rss_mib']:.0f} MiB" if q else "–")
+        print(f"| {human(r['n'])} | {' | '.join(cells)} |")
+    print(f"\n## Queries one by one (k={K}): p50 / p99 ms")
     print(
-        "| passages | ragsuite numba p50 / p99 | ragsuite numpy p50 / p99 | bm25s numpy p50 / p99 | "
-        "batched q/s: ragsuite numba, bm25s numba, ratio | RSS after, of which anonymous |"
+        "| passages | ragsuite (numba kernel) | ragsuite (NumPy kernel) | plain bm25s (numpy) | tantivy "
+        "| tantivy overlap@10 with ragsuite |"
     )
     print("|---|---|---|---|---|---|")
     for r in results:
-        cells = []
-        for kernel in ("numba", "numpy"):
-            q = r["query"].get(kernel)
-            cells.append(f"{q['single']['p50_ms']:.1f} / {q['single']['p99_ms']:.1f}" if q else "–")
-        ref = r.get("bm25s_query")
-        cells.append(f"{ref['single']['p50_ms']:.1f} / {ref['single']['p99_ms']:.1f}" if ref else "–")
-        ours = r["query"].get("numba") or r["query"]["numpy"]
-        if ref:
-            batch = (
-                f"{ours['batch_qps']:.0f}, {ref['batch_qps_numba']:.0f}, "
-                f"{ours['batch_qps'] / ref['batch_qps_numba']:.2f}x"
-            )
-        else:
-            batch = f"{ours['batch_qps']:.0f}, –, –"
-        memory = f"{ours['after']['rss_mib']:.0f} MiB, {ours['after']['anon_mib']:.0f} MiB"
-        print(f"| {human(r['n'])} | {' | '.join(cells)} | {batch} | {memory} |")
+        tantivy = r.get("tantivy_query")
+        overlap = f"{tantivy['overlap_at_10']:.2f}" if tantivy else "–"
+        print(
+            f"| {human(r['n'])} | {_latency_cell(r['query'].get('numba'))} "
+            f"| {_latency_cell(r['query'].get('numpy'))} | {_latency_cell(r.get('bm25s_query'))} "
+            f"| {_latency_cell(tantivy)} | {overlap} |"
+        )
+    print("\n## Batched queries on every core: queries/s; memory after querying")
+    print(
+        "| passages | ragsuite (numba) | ragsuite (NumPy) | bm25s numba backend | ragsuite / bm25s numba "
+        "| tantivy (a thread per core) | ragsuite RSS after, of which anonymous |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        fast, slow = r["query"].get("numba"), r["query"].get("numpy")
+        ref, tantivy = r.get("bm25s_query"), r.get("tantivy_query")
+        ours = fast or slow
+        cells = [
+            f"{fast['batch_qps']:.0f}" if fast else "–",
+            f"{slow['batch_qps']:.0f}" if slow else "–",
+            f"{ref['batch_qps_numba']:.0f}" if ref else "–",
+            f"{ours['batch_qps'] / ref['batch_qps_numba']:.2f}x" if ref else "–",
+            f"{tantivy['batch_qps']:.0f}" if tantivy else "–",
+            f"{ours['after']['rss_mib']:.0f} MiB, {ours['after']['anon_mib']:.0f} MiB",
+        ]
+        print(f"| {human(r['n'])} | {' | '.join(cells)} |")
     xs = [float(r["n"]) for r in results]
     if len(xs) >= 2:
         print("\n## Fitted growth (least squares over the sizes above; ragsuite build)")
@@ -289,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--bm25s-up-to", type=parse_count, default=1_000_000, help="largest size bm25s builds"
+    )
+    parser.add_argument(
+        "--tantivy-up-to", type=parse_count, default=5_000_000, help="largest size tantivy builds"
     )
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache/ragsuite/bench-scale")
@@ -316,6 +409,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{human(n)}] bm25s build and queries ...", file=sys.stderr, flush=True)
             row["bm25s_build"] = run_child("build-bm25s", str(corpus), str(out))
             row["bm25s_query"] = run_child("query-bm25s", str(out), str(args.queries))
+            if not args.keep:
+                shutil.rmtree(out, ignore_errors=True)
+        if n <= args.tantivy_up_to:
+            out = args.work / f"tantivy-{human(n)}"
+            shutil.rmtree(out, ignore_errors=True)
+            print(f"[{human(n)}] tantivy build and queries ...", file=sys.stderr, flush=True)
+            row["tantivy_build"] = run_child("build-tantivy", str(corpus), str(out))
+            row["tantivy_query"] = run_child(
+                "query-tantivy", str(out), str(corpus), str(cache), str(args.queries)
+            )
             if not args.keep:
                 shutil.rmtree(out, ignore_errors=True)
         if not args.keep:
