@@ -253,3 +253,39 @@ def test_an_interrupted_query_never_leaves_scores_behind() -> None:
     for _ in range(4):
         with pool.borrow() as workspace:
             assert not workspace.scores.any()
+
+
+_RACING_BUILD = """
+import sys, time
+from ragsuite.retrieval.bm25 import BM25Retriever
+
+class Slow(BM25Retriever):
+    def _document(self, passage):
+        time.sleep(0.001)
+        return super()._document(passage)
+
+r = Slow.from_file(sys.argv[1], cache_dir=sys.argv[2], shard_passages=100)
+print(int(r.index_built), r.index_key, len(r))
+"""
+
+
+def test_two_processes_building_one_index_build_it_once(tmp_path: Path, data_dir: Path) -> None:
+    passages = _corpus(data_dir)
+    file = tmp_path / "corpus.jsonl"
+    file.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in passages), encoding="utf-8")
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-c", _RACING_BUILD, str(file), str(cache)]
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=120) for p in processes]
+    finally:
+        for process in processes:
+            stop_process(process)
+    assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+    built = sorted(out.split()[0] for out, _ in outputs)
+    assert built == ["0", "1"]  # one built it, the other waited and opened it
+    assert len({out.split()[1] for out, _ in outputs}) == 1
+    assert any("waiting for it" in err for _, err in outputs)
+    assert [p.name for p in (cache / "bm25").iterdir()] == [outputs[0][0].split()[1]]
