@@ -89,12 +89,15 @@ needs_numba = pytest.mark.skipif(
 )
 
 
+@pytest.mark.parametrize("mode", ["sparse", "dense"])
 @pytest.mark.parametrize("kernel", ["numpy", pytest.param("numba", marks=needs_numba)])
 @pytest.mark.parametrize("method", ["lucene", "bm25+", "robertson"])
 def test_rankings_equal_scoring_every_passage(
-    tmp_path: Path, data_dir: Path, method: str, kernel: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, data_dir: Path, method: str, kernel: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAGSUITE_BM25_KERNEL", kernel)
+    share = 0.0 if mode == "dense" else float("inf")  # every query scored densely, or none
+    monkeypatch.setattr(bm25_kernel, "DENSE_POSTINGS_SHARE", {"numpy": share, "numba": share})
     assert bm25_kernel.kernel_name() == kernel
     passages = _corpus(data_dir)
     ids = {p.id: i for i, p in enumerate(passages)}

@@ -485,17 +485,26 @@ class BM25Retriever:
         ids = (lookup(t) for t in self._tokenize(query) if t != "")
         return [t for t in ids if t is not None]
 
-    def _search(self, term_ids: list[int], k: int) -> list[Passage]:
-        """The top ``k`` passages, ranked exactly as sorting every passage by (score desc, corpus order)."""
+    def _search_many(self, term_lists: list[list[int]], k: int) -> list[list[Passage]]:
+        """The top ``k`` passages of each query, ranked exactly as sorting every passage by (score
+        descending, corpus order) would rank them."""
         index = self._index
-        terms = np.asarray(term_ids, dtype=np.int64)
+        terms = [np.asarray(ids, dtype=np.int64) for ids in term_lists]
         # BM25L / BM25+: every passage also gets each term's non-occurrence score (a float32 sum, as bm25s).
-        base = 0.0 if index.nonoccurrence is None else float(index.nonoccurrence[terms].sum())
+        if index.nonoccurrence is None:
+            bases = np.zeros(len(terms))
+        else:
+            bases = np.array([float(index.nonoccurrence[t].sum()) for t in terms])
         with self._workspaces.borrow() as workspace:
-            docs, scores = bm25_kernel.top_k(
-                self._indptr, self._indices, self._weights, terms, workspace, k, base
+            ranked = bm25_kernel.top_k_many(
+                self._indptr, self._indices, self._weights, terms, bases, workspace, k
             )
-        top, top_scores = docs.tolist(), scores.tolist()
+        return [
+            self._passages(docs.tolist(), scores.tolist(), float(base), k)
+            for (docs, scores), base in zip(ranked, bases, strict=True)
+        ]
+
+    def _passages(self, top: list[int], top_scores: list[float], base: float, k: int) -> list[Passage]:
         if len(top) < k:  # every other passage scores `base`: they follow in corpus order
             matched = set(top)
             for i in range(self._n):
@@ -504,8 +513,8 @@ class BM25Retriever:
                 if i not in matched:
                     top.append(i)
                     top_scores.append(base)
-        get = index.passages.get
-        return [get(i, float(score)) for i, score in zip(top, top_scores, strict=True)]
+        get = self._index.passages.get
+        return [get(i, score) for i, score in zip(top, top_scores, strict=True)]
 
     def _check_k(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -521,7 +530,7 @@ class BM25Retriever:
         if not term_ids:
             return []
         try:
-            return self._search(term_ids, int(k))
+            return self._search_many([term_ids], int(k))[0]
         except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 search failed for query {query[:200]!r}: {exc}") from exc
 
@@ -529,12 +538,23 @@ class BM25Retriever:
         """``[self(q, k) for q in queries]``."""
         self._check_k(k)
         all_ids = [self._term_ids(q) for q in queries]
+        results: list[list[Passage]] = [[] for _ in all_ids]
+        scored = [i for i, ids in enumerate(all_ids) if ids]  # no indexed term: matches nothing
+        workers = (os.cpu_count() or 1) if bm25_kernel.kernel_name() == "numba" else 1
+        # The compiled kernel releases the GIL: one thread per CPU scores its share of the queries.
+        shares = [scored[i::workers] for i in range(min(workers, len(scored)))]
         try:
-            if bm25_kernel.kernel_name() == "numba" and len(all_ids) > 1:
-                # The compiled kernel releases the GIL: one thread per CPU scores queries side by side.
-                with ThreadPoolExecutor(max_workers=min(len(all_ids), os.cpu_count() or 1)) as pool:
-                    return list(pool.map(lambda ids: self._search(ids, int(k)) if ids else [], all_ids))
-            return [self._search(ids, int(k)) if ids else [] for ids in all_ids]
+            if len(shares) > 1:
+                with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+                    done = list(
+                        pool.map(lambda s: self._search_many([all_ids[i] for i in s], int(k)), shares)
+                    )
+            else:
+                done = [self._search_many([all_ids[i] for i in share], int(k)) for share in shares]
+            for share, ranked in zip(shares, done, strict=True):
+                for i, passages in zip(share, ranked, strict=True):
+                    results[i] = passages
+            return results
         except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 batch search failed: {exc}") from exc
 

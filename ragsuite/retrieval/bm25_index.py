@@ -205,7 +205,11 @@ def _weights(
     scores = idf * tfc
     if nonoccurrence is not None:
         scores = scores - nonoccurrence
-    return scores.astype(np.float32)
+    weights = scores.astype(np.float32)
+    # Every method's weight is >= 0 (idf >= 0; tfc grows with tf); the query kernel relies on it.
+    if len(weights) and weights.min() < 0:
+        raise ValueError(f"a BM25 weight came out negative ({weights.min()}) with {scoring}")
+    return weights
 
 
 class _Progress:
@@ -563,7 +567,8 @@ class PassageStore(Sequence[Passage]):
     """
 
     def __init__(self, directory: Path) -> None:
-        self._offsets = _map(directory / "passage_offsets.i64", np.int64)
+        # A plain ndarray view of the map: slicing it skips np.memmap's per-access Python overhead.
+        self._offsets = np.asarray(_map(directory / "passage_offsets.i64", np.int64))
         blob_path = directory / "passages.bin"
         self._file = blob_path.open("rb")
         size = blob_path.stat().st_size
@@ -573,7 +578,7 @@ class PassageStore(Sequence[Passage]):
         return max(0, (len(self._offsets) - 1) // 3)
 
     def _fields(self, i: int) -> list[str]:
-        start, a, b, end = (int(x) for x in self._offsets[3 * i : 3 * i + 4])
+        start, a, b, end = self._offsets[3 * i : 3 * i + 4].tolist()
         raw = self._blob[start:end]
         return [
             raw[: a - start].decode("utf-8", "surrogatepass"),
@@ -582,7 +587,7 @@ class PassageStore(Sequence[Passage]):
         ]
 
     def id(self, i: int) -> str:
-        start, end = (int(x) for x in self._offsets[3 * i : 3 * i + 2])
+        start, end = self._offsets[3 * i : 3 * i + 2].tolist()
         return self._blob[start:end].decode("utf-8", "surrogatepass")
 
     def get(self, i: int, score: float = 0.0) -> Passage:
