@@ -100,4 +100,13 @@ def test_index_colbert_calls_build_colbert_index(
     assert result["index_dir"] == index_dir and result["passages"] == 400
     [(corpus, kwargs)] = calls
     assert len(corpus) == 400
-    assert kwargs == {"checkpoint": "/ckpt", "index_dir": index_dir, "overwrite": False}
+    assert kwargs == {
+        "checkpoint": "/ckpt",
+        "index_dir": index_dir,
+        "overwrite": False,
+        # PLAID's settings: ColBERTv2's defaults unless given as flags.
+        "nbits": 2,
+        "doc_maxlen": None,
+        "kmeans_niters": 4,
+        "index_bsize": 64,
+    }
