@@ -273,6 +273,14 @@ def run_child(kind: str, *args: str) -> dict:
     return result
 
 
+def median_of(runs: list[dict]) -> dict:
+    """Field by field median of several runs' results (nested dicts of numbers)."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {key: median_of([run[key] for run in runs]) for key in first}
+    return statistics.median(runs)
+
+
 # -- the table ----------------------------------------------------------------------------------------------
 
 
@@ -384,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tantivy-up-to", type=parse_count, default=5_000_000, help="largest size tantivy builds"
     )
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating query runs per engine (median)")
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache/ragsuite/bench-scale")
     parser.add_argument("--out", type=Path, help="also write the raw results as JSON")
     parser.add_argument(
@@ -394,35 +403,49 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for n in sizes:
         corpus = write_corpus(n, args.work / f"synthetic-{human(n)}.jsonl")
-        cache = args.work / f"cache-{human(n)}"
-        shutil.rmtree(cache, ignore_errors=True)
-        print(f"[{human(n)}] ragsuite build ...", file=sys.stderr, flush=True)
-        row: dict = {"n": n, "build": run_child("build-ragsuite", str(corpus), str(cache)), "query": {}}
-        for kernel in ("numba", "numpy"):
-            print(f"[{human(n)}] ragsuite queries ({kernel}) ...", file=sys.stderr, flush=True)
-            row["query"][kernel] = run_child(
-                "query-ragsuite", str(corpus), str(cache), str(args.queries), kernel
-            )
+        cache, bm25s_dir, tantivy_dir = (
+            args.work / f"{kind}-{human(n)}" for kind in ("cache", "bm25s", "tantivy")
+        )
+        for directory in (cache, bm25s_dir, tantivy_dir):
+            shutil.rmtree(directory, ignore_errors=True)
+        print(f"[{human(n)}] builds ...", file=sys.stderr, flush=True)
+        row: dict = {"n": n, "build": run_child("build-ragsuite", str(corpus), str(cache))}
+        queries: dict[str, list[str]] = {
+            "numba": ["query-ragsuite", str(corpus), str(cache), str(args.queries), "numba"],
+            "numpy": ["query-ragsuite", str(corpus), str(cache), str(args.queries), "numpy"],
+        }
         if n <= args.bm25s_up_to:
-            out = args.work / f"bm25s-{human(n)}"
-            shutil.rmtree(out, ignore_errors=True)
-            print(f"[{human(n)}] bm25s build and queries ...", file=sys.stderr, flush=True)
-            row["bm25s_build"] = run_child("build-bm25s", str(corpus), str(out))
-            row["bm25s_query"] = run_child("query-bm25s", str(out), str(args.queries))
-            if not args.keep:
-                shutil.rmtree(out, ignore_errors=True)
+            row["bm25s_build"] = run_child("build-bm25s", str(corpus), str(bm25s_dir))
+            queries["bm25s"] = ["query-bm25s", str(bm25s_dir), str(args.queries)]
         if n <= args.tantivy_up_to:
-            out = args.work / f"tantivy-{human(n)}"
-            shutil.rmtree(out, ignore_errors=True)
-            print(f"[{human(n)}] tantivy build and queries ...", file=sys.stderr, flush=True)
-            row["tantivy_build"] = run_child("build-tantivy", str(corpus), str(out))
-            row["tantivy_query"] = run_child(
-                "query-tantivy", str(out), str(corpus), str(cache), str(args.queries)
+            row["tantivy_build"] = run_child("build-tantivy", str(corpus), str(tantivy_dir))
+            queries["tantivy"] = [
+                "query-tantivy",
+                str(tantivy_dir),
+                str(corpus),
+                str(cache),
+                str(args.queries),
+            ]
+        # Query runs alternate between the engines, round after round, and each figure is the median over
+        # rounds: load from other processes then falls on every engine alike.
+        rounds: dict[str, list[dict]] = {name: [] for name in queries}
+        for round_number in range(args.rounds):
+            print(
+                f"[{human(n)}] queries, round {round_number + 1}/{args.rounds} ...",
+                file=sys.stderr,
+                flush=True,
             )
-            if not args.keep:
-                shutil.rmtree(out, ignore_errors=True)
+            for name, child in queries.items():
+                rounds[name].append(run_child(*child))
+        medians = {name: median_of(runs) for name, runs in rounds.items()}
+        row["query"] = {"numba": medians["numba"], "numpy": medians["numpy"]}
+        if "bm25s" in medians:
+            row["bm25s_query"] = medians["bm25s"]
+        if "tantivy" in medians:
+            row["tantivy_query"] = medians["tantivy"]
         if not args.keep:
-            shutil.rmtree(cache, ignore_errors=True)
+            for directory in (cache, bm25s_dir, tantivy_dir):
+                shutil.rmtree(directory, ignore_errors=True)
         results.append(row)
         if args.out:
             args.out.write_text(json.dumps(results, indent=2), encoding="utf-8")
