@@ -27,7 +27,14 @@ import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+
+#: How an evaluation runs examples at once: worker threads calling ``program(...)``, or one event loop
+#: awaiting ``program.acall(...)`` (``ragsuite.evaluate.evaluate``, ``ragsuite eval --engine``).
+Engine = Literal["threads", "async"]
+ENGINES: tuple[str, ...] = ("threads", "async")
+#: The default engine (benchmarks/eval_engines.py compares the two).
+DEFAULT_ENGINE: Engine = "threads"
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -136,4 +143,13 @@ async def concurrently(
     return outcomes
 
 
-__all__ = ["concurrently", "in_thread", "invoke", "run_sync", "synchronous"]
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "Engine",
+    "concurrently",
+    "in_thread",
+    "invoke",
+    "run_sync",
+    "synchronous",
+]

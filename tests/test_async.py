@@ -354,3 +354,148 @@ def test_invoke_awaits_modules_and_threads_plain_callables() -> None:
         prediction, (plain, threads) = asyncio.run(main())
     assert prediction.answer == "a" and len(lm.loop_threads) == 1  # the async path of the LM was used
     assert plain == "plain" and threads and threads[0] not in lm.loop_threads
+
+
+# ---------------------------------------------------------------------------------- eval --engine async
+def _records(path: Any) -> dict[str, dict[str, Any]]:
+    """Records by id, without what depends on timing (latency) or on which sub-step finished first (the
+    order of a trace's concurrent events)."""
+    records = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record.pop("latency_s")
+        record["trace"] = _trace_key(record["trace"])
+        records[record["id"]] = record
+    return records
+
+
+@pytest.mark.parametrize("program", ["hanrag", "blendfilter", "deepnote"])
+def test_eval_async_engine_writes_the_records_the_thread_engine_writes(program: str, tmp_path) -> None:
+    from ragsuite.cli import main
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+
+    examples = load_dataset("hotpotqa")[:4]
+    gold = {ex.question: ex.answers[0] for ex in examples}
+    with LocalOpenAIServer(grounded_responder(gold)) as server:
+        for engine in ("threads", "async"):
+            argv = [
+                "eval", "--program", program, "--dataset", "hotpotqa", "--lm", "openai/scripted",
+                "--api-base", server.api_base, "--limit", "4", "--threads", "3", "--engine", engine,
+                "--no-cache", "--no-progress", "--out", str(tmp_path / engine),
+            ]  # fmt: skip
+            assert main(argv) == 0
+    threads, asynchronous = (
+        _records(tmp_path / "threads" / "records.jsonl"),
+        _records(tmp_path / "async" / "records.jsonl"),
+    )
+    assert sorted(threads) == sorted(ex.id for ex in examples)
+    assert threads == asynchronous
+    assert all(
+        r["error"] is None and r["tokens"]["requests"] == r["stats"]["lm_calls"] for r in threads.values()
+    )
+    summaries = [json.loads((tmp_path / e / "summary.json").read_text()) for e in ("threads", "async")]
+    assert summaries[0]["metrics"] == summaries[1]["metrics"]
+
+
+def _eval_process(server: Any, out: Any, *extra: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    command = [
+        sys.executable, "-m", "ragsuite", "eval", "--program", "no-retrieval", "--dataset", "hotpotqa",
+        "--lm", "openai/scripted", "--api-base", server.api_base, "--limit", "8", "--engine", "async",
+        "--timeout", "120", "--no-cache", "--no-progress", "--out", str(out), *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _ids(path: Any) -> list[str]:
+    return (
+        [json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
+
+
+@pytest.mark.slow
+def test_eval_async_engine_resumes_after_kill_9(tmp_path) -> None:
+    import os
+    import signal
+
+    from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
+    from ragsuite.testing.processes import stop_process
+
+    examples = load_dataset("hotpotqa")[:8]
+    gold = {ex.question: ex.answers[0] for ex in examples}
+    fast = 4
+    out = tmp_path / "run"
+    records = out / "records.jsonl"
+    with LocalOpenAIServer(
+        lambda r: {"answer": gold[r.inputs["question"]]},
+        fault_fn=lambda number, request: Fault("delay", seconds=60) if number > fast else None,
+    ) as server:
+        process = _eval_process(server, out, "--threads", "2")
+        try:
+            deadline = time.monotonic() + 120
+            while not (len(_ids(records)) == fast and server.chat_requests == fast + 2):
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the run did not reach 4 records"
+                time.sleep(0.1)
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        finally:
+            stop_process(process)
+        finished = _ids(records)
+        before = records.read_bytes()
+        server.fault_fn = None
+        second = _eval_process(server, out, "--threads", "2")
+        try:
+            _, stderr = second.communicate(timeout=180)
+        finally:
+            stop_process(second)
+        assert second.returncode == 0, stderr
+    assert sorted(_ids(records)) == sorted(ex.id for ex in examples)  # every example exactly once
+    assert records.read_bytes().startswith(before)  # the finished records kept as they were
+    by_id = {ex.id: ex.question for ex in examples}
+    assert all(server.question_counts[by_id[i]] == 1 for i in finished)  # never asked again
+    assert sum(server.question_counts.values()) == 8 + 2  # the two in flight at the kill, asked again
+
+
+@pytest.mark.slow
+def test_eval_async_engine_sigterm_keeps_the_records_and_writes_the_summary(tmp_path) -> None:
+    import signal
+
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+    from ragsuite.testing.processes import stop_process
+
+    examples = load_dataset("hotpotqa")[:8]
+    gold = {ex.question: ex.answers[0] for ex in examples}
+    out = tmp_path / "run"
+    with LocalOpenAIServer(lambda r: {"answer": gold[r.inputs["question"]]}, latency=1.0) as server:
+        process = _eval_process(server, out, "--threads", "1")
+        try:
+            deadline = time.monotonic() + 120
+            while not _ids(out / "records.jsonl"):
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "no first record"
+                time.sleep(0.05)
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            stop_process(process)
+    assert process.returncode == 143, stderr
+    assert "rerun the same command" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    kept = _ids(out / "records.jsonl")
+    assert 1 <= len(kept) < 8 and summary["n"] == len(kept) and not summary["complete"]
+    assert summary["stopped"] == "terminated (SIGTERM)"
+
+
+def test_evaluate_refuses_an_unknown_engine() -> None:
+    from ragsuite.errors import ConfigError
+    from ragsuite.evaluate import evaluate
+
+    with pytest.raises(ConfigError, match="engine must be one of threads, async"):
+        evaluate(programs.get("no-retrieval")(), [], dataset="hotpotqa", engine="processes")  # type: ignore[arg-type]

@@ -238,9 +238,7 @@ class HANRAG(RAGProgram):
             answer, passages = await self._complex(ledger, question)
         return self.finish(ledger, answer, passages, route=category)
 
-    async def _answer(
-        self, ledger: RunLedger, predictor: dspy.Predict, *, source: str, **inputs: Any
-    ) -> str:
+    async def _answer(self, ledger: RunLedger, predictor: dspy.Predict, *, source: str, **inputs: Any) -> str:
         # Sub-question answers are short spans; only answers in the task's style can be yes/no.
         yesno = self.task == "yesno" and predictor is not self.answer.sub_question
         call = salvage_yes_no(predictor) if yesno else predictor
