@@ -499,3 +499,24 @@ def test_evaluate_refuses_an_unknown_engine() -> None:
 
     with pytest.raises(ConfigError, match="engine must be one of threads, async"):
         evaluate(programs.get("no-retrieval")(), [], dataset="hotpotqa", engine="processes")  # type: ignore[arg-type]
+
+
+def test_a_retriever_with_an_async_client_is_awaited_on_the_loop() -> None:
+    calls: list[tuple[str, bool]] = []
+
+    class AsyncClient(ListRetriever):
+        def __call__(self, query: str, k: int) -> list[Passage]:
+            calls.append(("sync", threading.current_thread() is threading.main_thread()))
+            return super().__call__(query, k)
+
+        async def acall(self, query: str, k: int) -> list[Passage]:
+            calls.append(("async", threading.current_thread() is threading.main_thread()))
+            await asyncio.sleep(0)
+            return super().__call__(query, k)
+
+    program = programs.get("vanilla")(retriever=AsyncClient(CORPUS, default=IDS), top_k=2)
+    with dspy.context(lm=ScriptedLM(hanrag_responder("single-step"))):
+        sync = program(question=QUESTION)
+        asynchronous = asyncio.run(program.acall(question=QUESTION))
+    assert calls == [("sync", True), ("async", True)]  # both in the caller's thread: no worker thread
+    assert [p.id for p in sync.passages] == [p.id for p in asynchronous.passages] == IDS[:2]

@@ -8,6 +8,7 @@ synchronously (see :mod:`ragsuite.aio`), so ``program(question=...)`` and
 from __future__ import annotations
 
 import contextvars
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
-from ragsuite.aio import in_thread, invoke, run_sync
+from ragsuite.aio import in_thread, invoke, run_sync, synchronous
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.retrieval.adapt import as_retriever
@@ -288,7 +289,8 @@ class RAGProgram(dspy.Module):
         self, ledger: RunLedger, query: str, k: int, *, retriever: Retriever | None = None
     ) -> list[Passage]:
         """Retrieve ``k`` passages for ``query``, counting the call and noting an empty result. In an
-        asynchronous run the (blocking) retriever runs in a worker thread.
+        asynchronous run the retriever's ``async def acall(query, k)`` is awaited when it has one; otherwise
+        the (blocking) retriever runs in a worker thread.
 
         ``retriever`` overrides ``self.retriever`` for programs that query several retrievers.
 
@@ -300,8 +302,12 @@ class RAGProgram(dspy.Module):
             raise ConfigError(f"program {self.name!r} needs a retriever; pass retriever=...")
         with ledger._lock:
             ledger.retrievals += 1
+        native = getattr(retriever, "acall", None)
         try:
-            passages = await in_thread(lambda: list(retriever(query, k)))
+            if not synchronous() and inspect.iscoroutinefunction(native):
+                passages = list(await native(query, k))  # the retriever's own async client
+            else:
+                passages = await in_thread(lambda: list(retriever(query, k)))
         except Exception as exc:
             raise RetrievalError(
                 f"retrieval failed for question {ledger.question[:200]!r} (query {query[:200]!r}): {exc}"
