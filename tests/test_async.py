@@ -464,7 +464,12 @@ def test_eval_async_engine_resumes_after_kill_9(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_eval_async_engine_sigterm_keeps_the_records_and_writes_the_summary(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code", "stopped"), [("SIGTERM", 143, "terminated (SIGTERM)"), ("SIGINT", 130, "interrupted")]
+)
+def test_eval_async_engine_sigterm_and_ctrl_c_keep_the_records_and_write_the_summary(
+    tmp_path, signum: str, code: int, stopped: str
+) -> None:
     import signal
 
     from ragsuite.testing.openai_server import LocalOpenAIServer
@@ -481,16 +486,16 @@ def test_eval_async_engine_sigterm_keeps_the_records_and_writes_the_summary(tmp_
                 assert process.poll() is None, process.communicate()
                 assert time.monotonic() < deadline, "no first record"
                 time.sleep(0.05)
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(getattr(signal, signum))
             _, stderr = process.communicate(timeout=60)
         finally:
             stop_process(process)
-    assert process.returncode == 143, stderr
+    assert process.returncode == code, stderr
     assert "rerun the same command" in stderr
     summary = json.loads((out / "summary.json").read_text())
     kept = _ids(out / "records.jsonl")
     assert 1 <= len(kept) < 8 and summary["n"] == len(kept) and not summary["complete"]
-    assert summary["stopped"] == "terminated (SIGTERM)"
+    assert summary["stopped"] == stopped
 
 
 def test_evaluate_refuses_an_unknown_engine() -> None:
