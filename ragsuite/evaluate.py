@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import json
@@ -33,6 +34,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 from dspy.utils.usage_tracker import UsageTracker
 
+from ragsuite.aio import DEFAULT_ENGINE, ENGINES, Engine, invoke, run_sync
 from ragsuite.data.datasets import get_dataset_info
 from ragsuite.errors import ConfigError, DataError, RagsuiteError, Terminated
 from ragsuite.files import atomic_open, atomic_write_text, lock_directory
@@ -195,7 +198,7 @@ def json_text(value: Any, **kwargs: Any) -> str:
     return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
-def _run_example(
+async def _arun_example(
     program: Callable[..., Any],
     example: Any,
     ex_id: str,
@@ -218,7 +221,8 @@ def _run_example(
     with dspy.context(**overrides):
         try:
             extra = {arg: example.get(field) for arg, field in getattr(program, "EXAMPLE_INPUTS", {}).items()}
-            prediction = program(question=example.question, **extra)
+            # program(...) in a synchronous run (thread engine), await program.acall(...) in the async one.
+            prediction = await invoke(program, question=example.question, **extra)
         except RagsuiteError as exc:  # retrieval failures, refused questions: this example only
             error = {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
         except Exception as exc:
@@ -268,6 +272,18 @@ def _run_example(
         trace=list(prediction.get("trace") or []),
     )
     return record
+
+
+def _run_example(
+    program: Callable[..., Any],
+    example: Any,
+    ex_id: str,
+    dataset: str,
+    model_hint: str | None,
+    count_cache_hits: bool = True,
+) -> dict[str, Any]:
+    """:func:`_arun_example`, synchronously (one worker thread of the thread engine)."""
+    return run_sync(_arun_example(program, example, ex_id, dataset, model_hint, count_cache_hits))
 
 
 # ---------------------------------------------------------------------------- the run directory
@@ -611,6 +627,7 @@ def evaluate(
     *,
     dataset: str,
     threads: int = 8,
+    engine: Engine = DEFAULT_ENGINE,
     out_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
     on_record: Callable[[dict[str, Any]], None] | None = None,
@@ -624,6 +641,10 @@ def evaluate(
         examples: ``dspy.Example`` objects with ``question``, labels and ``id``.
         dataset: Dataset name (chooses the metrics).
         threads: Examples run at once (each in a copy of the caller's DSPy context).
+        engine: ``"threads"``: one worker thread per concurrent example, running ``program(...)``.
+            ``"async"``: one event loop (in one thread) awaiting ``program.acall(...)`` for up to
+            ``threads`` examples at once; programs without ``aforward`` run in worker threads. Records,
+            resuming and interrupts are the same for both.
         out_dir: Run directory to persist to and resume from (see the module docstring); None keeps
             everything in memory. The directory is locked for the run: a second run on it is refused.
         progress: Show a progress bar with the running score, LM calls and tokens.
@@ -647,6 +668,8 @@ def evaluate(
     """
     if threads < 1:
         raise ConfigError(f"threads must be >= 1, not {threads}")
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     if max_errors is not None and max_errors < 1:
         raise ConfigError(f"max_errors must be >= 1, not {max_errors}")
     get_dataset_info(dataset)
@@ -657,6 +680,7 @@ def evaluate(
     options: dict[str, Any] = {
         "dataset": dataset,
         "threads": threads,
+        "engine": engine,
         "progress": progress,
         "on_record": on_record,
         "max_errors": max_errors,
@@ -683,6 +707,7 @@ def _execute(
     store: RunStore | None,
     dataset: str,
     threads: int,
+    engine: Engine,
     progress: bool,
     on_record: Callable[[dict[str, Any]], None] | None,
     max_errors: int | None,
@@ -719,6 +744,15 @@ def _execute(
     ahead = threading.BoundedSemaphore(2 * threads)
     failures = [0]
 
+    def finished(record: dict[str, Any]) -> None:
+        """Hand a record to the caller's thread (and stop the workers once max_errors have failed)."""
+        if record["error"] and max_errors is not None:
+            with take_lock:
+                failures[0] += 1
+                if failures[0] >= max_errors:
+                    halt.set()
+        results.put(("record", record))
+
     def worker() -> None:
         try:
             while not halt.is_set():
@@ -737,19 +771,69 @@ def _execute(
                     halt.set()
                     results.put(("raised", exc))
                     return
-                if record["error"] and max_errors is not None:
-                    with take_lock:
-                        failures[0] += 1
-                        if failures[0] >= max_errors:
-                            halt.set()
-                results.put(("record", record))
+                finished(record)
         finally:
             results.put(("exit", None))
 
-    workers = [
-        threading.Thread(target=worker, name=f"ragsuite-eval-{i}", daemon=True)
-        for i in range(min(threads, len(todo)))
-    ]
+    async def loop_worker() -> None:
+        """The async engine: one event loop starting an example whenever one of ``threads`` slots is free,
+        under the same rules as the thread workers (``ahead``, ``halt``, ``max_errors``)."""
+        loop = asyncio.get_running_loop()
+        # Retrievers and DSPy's own LM-call bookkeeping run in asyncio.to_thread: give the loop enough.
+        io_threads = ThreadPoolExecutor(max_workers=min(threads, 64), thread_name_prefix="ragsuite-eval-io")
+        loop.set_default_executor(io_threads)
+        slots = asyncio.Semaphore(threads)
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(example: Any, ex_id: str) -> None:
+            try:
+                record = await _arun_example(program, example, ex_id, dataset, model_hint, count_cache_hits)
+            except BaseException as exc:  # _Fatal, or a bug in the harness: stop everyone
+                halt.set()
+                results.put(("raised", exc))
+                return
+            finally:
+                slots.release()
+            finished(record)
+
+        try:
+            while not halt.is_set():
+                await slots.acquire()
+                while not ahead.acquire(blocking=False):  # never block the loop on the caller
+                    if halt.is_set():
+                        break
+                    await asyncio.sleep(0.005)
+                if halt.is_set():
+                    break
+                item = next(remaining, None)
+                if item is None:
+                    break
+                task = loop.create_task(one(*item))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            if running:
+                await asyncio.wait(set(running))
+        finally:
+            results.put(("exit", None))
+
+    if engine == "async":
+        workers = (
+            [
+                threading.Thread(
+                    target=base_context.copy().run,
+                    args=(asyncio.run, loop_worker()),
+                    name="ragsuite-eval-loop",
+                    daemon=True,
+                )
+            ]
+            if todo
+            else []
+        )
+    else:
+        workers = [
+            threading.Thread(target=worker, name=f"ragsuite-eval-{i}", daemon=True)
+            for i in range(min(threads, len(todo)))
+        ]
     try:
         for thread in workers:
             thread.start()

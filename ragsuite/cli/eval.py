@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ragsuite.aio import DEFAULT_ENGINE, ENGINES
 from ragsuite.cli.help_text import add_stage_argument, program_choices, programs_epilog
 from ragsuite.errors import ConfigError, Terminated
 
@@ -95,6 +96,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--limit", type=int, help="evaluate the first N (held-out) examples")
     parser.add_argument("--threads", type=int, default=8, help="examples run at once (default 8)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=DEFAULT_ENGINE,
+        help=f"run examples at once on worker threads (program(...)) or on one event loop (await "
+        f"program.acall(...)); records and resuming are the same (default {DEFAULT_ENGINE})",
+    )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KNOB=VALUE", help="override a knob (repeatable)"
     )
@@ -368,6 +376,7 @@ def _run(args: argparse.Namespace) -> int:
                 examples,
                 dataset=style,
                 threads=args.threads,
+                engine=args.engine,
                 out_dir=args.out,
                 progress=show_progress(args),
                 max_errors=args.max_errors,

@@ -1,9 +1,14 @@
 """What every ragsuite program shares: the run ledger (trace + cost stats), stage calls that survive
-malformed LM output, retrieval with bookkeeping, concurrency that keeps DSPy's context, and the registry."""
+malformed LM output, retrieval with bookkeeping, concurrency that keeps DSPy's context, and the registry.
+
+Each program's algorithm is written once, as ``async def aforward``; ``forward`` runs that same coroutine
+synchronously (see :mod:`ragsuite.aio`), so ``program(question=...)`` and
+``await program.acall(question=...)`` take the same steps."""
 
 from __future__ import annotations
 
 import contextvars
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
+from ragsuite.aio import in_thread, invoke, run_sync, synchronous
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.retrieval.adapt import as_retriever
@@ -96,7 +102,12 @@ class RAGProgram(dspy.Module):
     Subclasses declare ``name`` (registry key) and ``KNOBS`` (numeric or categorical settings that are saved
     with the program and tuned by Optuna), create their stage predictors in ``__init__`` under the stage's
     snake_case name (``self.route``, ``self.filter``, ``self.answer``, ...) so per-stage LMs can find them,
-    and implement ``forward(question)`` returning :meth:`finish`.
+    and implement ``async def aforward(question)`` returning :meth:`finish`, awaiting its steps with
+    :meth:`acall_stage`, :meth:`aretrieve` and :mod:`ragsuite.aio`'s ``concurrently``. ``forward`` (what
+    ``program(question=...)`` runs) drives the same coroutine synchronously; ``acall`` awaits it.
+
+    A subclass may instead implement a synchronous ``forward`` with :meth:`call_stage` and :meth:`retrieve`;
+    its ``acall`` then runs ``forward`` in a worker thread.
     """
 
     name: ClassVar[str] = ""
@@ -221,16 +232,30 @@ class RAGProgram(dspy.Module):
             )
         return RunLedger(question)
 
-    def call_stage(
+    def forward(self, *args: Any, **kwargs: Any) -> dspy.Prediction:
+        """Run :meth:`aforward` synchronously: LM calls and retrievals in this thread, concurrent sub-steps
+        on threads."""
+        if type(self).aforward is RAGProgram.aforward:
+            raise NotImplementedError(f"{type(self).__name__} must implement aforward (or forward)")
+        return run_sync(self.aforward(*args, **kwargs))
+
+    async def aforward(self, *args: Any, **kwargs: Any) -> dspy.Prediction:
+        """The program's algorithm (subclasses implement it); here: a synchronous ``forward`` of a subclass
+        run in a worker thread."""
+        if type(self).forward is RAGProgram.forward:
+            raise NotImplementedError(f"{type(self).__name__} must implement aforward (or forward)")
+        return await in_thread(self.forward, *args, **kwargs)
+
+    async def acall_stage(
         self,
         ledger: RunLedger,
         stage: str,
-        predictor: Callable[..., dspy.Prediction],
+        predictor: Callable[..., Any],
         *,
         fallback: dict[str, Any] | None = None,
         **inputs: Any,
     ) -> dspy.Prediction:
-        """Run one stage predictor, counting the LM call.
+        """Run one stage predictor, counting the LM call (``predictor.acall`` in an asynchronous run).
 
         When the LM's output cannot be parsed and ``fallback`` is given, the fallback fields are returned
         and the event is recorded in the trace and ``ledger.fallbacks``; without a fallback the parse error
@@ -238,7 +263,7 @@ class RAGProgram(dspy.Module):
         """
         ledger.count_lm_call()
         try:
-            return predictor(**inputs)
+            return await invoke(predictor, **inputs)
         except AdapterParseError as exc:
             if fallback is None:
                 raise
@@ -248,10 +273,24 @@ class RAGProgram(dspy.Module):
             ledger.record(stage, fallback=fallback, reason=reason)
             return dspy.Prediction(**fallback)
 
-    def retrieve(
+    def call_stage(
+        self,
+        ledger: RunLedger,
+        stage: str,
+        predictor: Callable[..., Any],
+        *,
+        fallback: dict[str, Any] | None = None,
+        **inputs: Any,
+    ) -> dspy.Prediction:
+        """:meth:`acall_stage`, synchronously (for programs written with a synchronous ``forward``)."""
+        return run_sync(self.acall_stage(ledger, stage, predictor, fallback=fallback, **inputs))
+
+    async def aretrieve(
         self, ledger: RunLedger, query: str, k: int, *, retriever: Retriever | None = None
     ) -> list[Passage]:
-        """Retrieve ``k`` passages for ``query``, counting the call and noting an empty result.
+        """Retrieve ``k`` passages for ``query``, counting the call and noting an empty result. In an
+        asynchronous run the retriever's ``async def acall(query, k)`` is awaited when it has one; otherwise
+        the (blocking) retriever runs in a worker thread.
 
         ``retriever`` overrides ``self.retriever`` for programs that query several retrievers.
 
@@ -263,8 +302,12 @@ class RAGProgram(dspy.Module):
             raise ConfigError(f"program {self.name!r} needs a retriever; pass retriever=...")
         with ledger._lock:
             ledger.retrievals += 1
+        native = getattr(retriever, "acall", None)
         try:
-            passages = list(retriever(query, k))
+            if not synchronous() and inspect.iscoroutinefunction(native):
+                passages = list(await native(query, k))  # the retriever's own async client
+            else:
+                passages = await in_thread(lambda: list(retriever(query, k)))
         except Exception as exc:
             raise RetrievalError(
                 f"retrieval failed for question {ledger.question[:200]!r} (query {query[:200]!r}): {exc}"
@@ -275,6 +318,12 @@ class RAGProgram(dspy.Module):
             ledger.record("retrieve", query=query, passage_ids=[], empty=True)
         ledger.add_passages(passages)
         return passages
+
+    def retrieve(
+        self, ledger: RunLedger, query: str, k: int, *, retriever: Retriever | None = None
+    ) -> list[Passage]:
+        """:meth:`aretrieve`, synchronously."""
+        return run_sync(self.aretrieve(ledger, query, k, retriever=retriever))
 
     def finish(
         self, ledger: RunLedger, answer: str, passages: Sequence[Passage], **extra: Any

@@ -9,7 +9,7 @@ import dspy
 
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, register
-from ragsuite.programs.pipeline import check_int, gather, run_answer
+from ragsuite.programs.pipeline import agather, arun_answer, check_int
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 
@@ -40,9 +40,9 @@ class NoRetrieval(RAGProgram):
         super().__init__(retriever=retriever, task=task)
         self.answer = dspy.Predict(answer_signature(task, "none"))
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        answer = run_answer(self, ledger, source="none", question=question)
+        answer = await arun_answer(self, ledger, source="none", question=question)
         return self.finish(ledger, answer, [])
 
 
@@ -99,11 +99,11 @@ class VanillaRAG(RAGProgram):
     def search_space(cls, trial: Any) -> dict[str, Any]:
         return {"top_k": trial.suggest_categorical("top_k", [3, 5, 7, 10])}
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        passages = gather(self, ledger, question, self.top_k, filter=self.filter, blend=self.blend)
+        passages = await agather(self, ledger, question, self.top_k, filter=self.filter, blend=self.blend)
         ledger.count_step()
-        answer = run_answer(
+        answer = await arun_answer(
             self, ledger, source="passages", question=question, passages=format_passages(passages)
         )
         return self.finish(ledger, answer, passages)

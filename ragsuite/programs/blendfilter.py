@@ -15,11 +15,12 @@ from typing import Any, ClassVar, Literal
 
 import dspy
 
+from ragsuite.aio import concurrently, invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, register, run_concurrently
-from ragsuite.programs.pipeline import check_int, merge_passages, run_answer
-from ragsuite.programs.stages import BlendStage, FilterMode, FilterStage, retrieve_traced
+from ragsuite.programs.base import RAGProgram, register
+from ragsuite.programs.pipeline import arun_answer, check_int, merge_passages
+from ragsuite.programs.stages import BlendStage, FilterMode, FilterStage, aretrieve_traced
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 
@@ -87,30 +88,36 @@ class BlendFilter(RAGProgram):
             "filter_mode": trial.suggest_categorical("filter_mode", ["batch", "per_passage"]),
         }
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        first = retrieve_traced(self, ledger, question, self.top_k, query_kind="question")
+        first = await aretrieve_traced(self, ledger, question, self.top_k, query_kind="question")
         stages = [
             (kind, stage)
             for kind, stage in (("external", self.blend_external), ("internal", self.blend_internal))
             if stage is not None
         ]
-        queries = run_concurrently(lambda item: (item[0], item[1](self, ledger, question, first)[0]), stages)
-        extra = run_concurrently(
-            lambda item: retrieve_traced(self, ledger, item[1], self.top_k, query_kind=item[0]), queries
+
+        async def blend(kind: str, stage: BlendStage) -> tuple[str, str]:
+            return kind, (await invoke(stage, self, ledger, question, first))[0]
+
+        queries = await concurrently(lambda item: blend(*item), stages)
+        extra = await concurrently(
+            lambda item: aretrieve_traced(self, ledger, item[1], self.top_k, query_kind=item[0]), queries
         )
         kinds = ["question", *(kind for kind, _ in queries)]
         retrieved = [first, *extra]
         # Each set is filtered against the original question, as the paper's K^f = M(K | q, K_q*).
-        kept = run_concurrently(
-            lambda index: self.filter(self, ledger, question, retrieved[index], query_kind=kinds[index]),
+        kept = await concurrently(
+            lambda index: invoke(
+                self.filter, self, ledger, question, retrieved[index], query_kind=kinds[index]
+            ),
             list(range(len(retrieved))),
         )
         passages = merge_passages(kept)
         ledger.record("union", passage_ids=[p.id for p in passages])
         for _ in range(2 if self.blend_external is not None else 1):
             ledger.count_step()
-        answer = run_answer(
+        answer = await arun_answer(
             self, ledger, source="passages", question=question, passages=format_passages(passages)
         )
         return self.finish(ledger, answer, passages)

@@ -44,18 +44,19 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
+from ragsuite.aio import invoke
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import (
     DecisionMode,
+    agather,
+    arun_answer,
     check_bool,
     check_decisions,
     check_int,
     check_threshold,
     decision_predictor,
     decision_value,
-    gather,
-    run_answer,
 )
 from ragsuite.retrieval.base import Passage, Retriever, query_token_limit
 from ragsuite.signatures.answer import answer_signature, format_passages
@@ -103,12 +104,12 @@ def salvage_queries(response: str) -> list[str]:
     return [line for line in lines if line and not line.startswith(("[", "{", "]", "}"))]
 
 
-def _salvage_refine(predictor: Callable[..., dspy.Prediction]) -> Callable[..., dspy.Prediction]:
+def _salvage_refine(predictor: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap QueryRefine so that a numbered or bulleted list of queries is read rather than discarded."""
 
-    def call(**inputs: Any) -> dspy.Prediction:
+    async def call(**inputs: Any) -> dspy.Prediction:
         try:
-            return predictor(**inputs)
+            return await invoke(predictor, **inputs)
         except AdapterParseError as exc:
             queries = salvage_queries(exc.lm_response)
             if not queries:
@@ -240,8 +241,10 @@ class DeepNote(RAGProgram):
         }
 
     # ------------------------------------------------------------------ stages
-    def _refine(self, ledger: RunLedger, question: str, best_note: str, asked: list[str]) -> dict[str, Any]:
-        prediction = self.call_stage(
+    async def _refine(
+        self, ledger: RunLedger, question: str, best_note: str, asked: list[str]
+    ) -> dict[str, Any]:
+        prediction = await self.acall_stage(
             ledger,
             "query_refine",
             _salvage_refine(self.query_refine),
@@ -267,11 +270,11 @@ class DeepNote(RAGProgram):
             queries.append(query)
         return {"queries": queries, "repeated": repeated, "salvaged": bool(prediction.get("salvaged"))}
 
-    def _update(
+    async def _update(
         self, ledger: RunLedger, question: str, best_note: str, passages: list[Passage]
     ) -> str | None:
         """The updated note, or ``None`` when the LM's reply could not be parsed (the step then fails)."""
-        prediction = self.call_stage(
+        prediction = await self.acall_stage(
             ledger,
             "note_update",
             self.note_update,
@@ -283,13 +286,13 @@ class DeepNote(RAGProgram):
         return None if prediction.updated_note is None else str(prediction.updated_note)
 
     # ------------------------------------------------------------------ loop
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        initial = gather(self, ledger, question, self.top_k, filter=self.filter, blend=self.blend)
+        initial = await agather(self, ledger, question, self.top_k, filter=self.filter, blend=self.blend)
         noted: dict[str, Passage] = {p.id: p for p in initial}
         evidence: dict[str, Passage] = dict(noted)  # behind the best note: initial + accepted steps
         # An unparsable NoteInit falls back to the passages themselves: the most faithful note there is.
-        init = self.call_stage(
+        init = await self.acall_stage(
             ledger,
             "note_init",
             self.note_init,
@@ -312,14 +315,14 @@ class DeepNote(RAGProgram):
             room = self.max_passages - len(noted)
             trim = len(noted) + self.top_k > self.max_passages and room > 0
 
-            refined = self._refine(ledger, question, best_note, asked)
+            refined = await self._refine(ledger, question, best_note, asked)
             queries = refined["queries"]
             asked.extend(queries)
             text = retrieval_text(queries, question, token_limit=query_token_limit(self.retriever))
-            retrieved = self.retrieve(ledger, text, self.top_k)
+            retrieved = await self.aretrieve(ledger, text, self.top_k)
             ledger.count_step()
             kept = (
-                list(self.filter(self, ledger, question, retrieved))
+                list(await invoke(self.filter, self, ledger, question, retrieved))
                 if self.filter is not None and retrieved
                 else retrieved
             )
@@ -328,12 +331,12 @@ class DeepNote(RAGProgram):
             for passage in kept:
                 noted.setdefault(passage.id, passage)
 
-            note = self._update(ledger, question, best_note, kept)
+            note = await self._update(ledger, question, best_note, kept)
             probability = None
             if note is None:
                 accepted = False
             else:
-                verdict = self.call_stage(
+                verdict = await self.acall_stage(
                     ledger,
                     "note_compare",
                     self.note_compare,
@@ -370,7 +373,7 @@ class DeepNote(RAGProgram):
         ledger.record("stop", reason=stop_reason, steps=step, failures=failures, noted_passages=len(noted))
         logger.debug("deepnote stopped after %d steps (%s)", step, stop_reason)
 
-        answer = run_answer(self, ledger, source="note", question=question, note=best_note)
+        answer = await arun_answer(self, ledger, source="note", question=question, note=best_note)
         return self.finish(
             ledger, answer, list(evidence.values()), retrieved_passages=list(noted.values()), note=best_note
         )

@@ -34,11 +34,12 @@ from typing import Any, ClassVar, Literal
 
 import dspy
 
+from ragsuite.aio import concurrently, in_thread
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
-from ragsuite.programs.base import RAGProgram, RunLedger, register, run_concurrently
-from ragsuite.programs.pipeline import check_int, run_answer
-from ragsuite.programs.stages import join_query, retrieve_traced
+from ragsuite.programs.base import RAGProgram, RunLedger, register
+from ragsuite.programs.pipeline import arun_answer, check_int
+from ragsuite.programs.stages import aretrieve_traced, join_query
 from ragsuite.retrieval.adapt import as_retriever
 from ragsuite.retrieval.base import Passage, Reranker, Retriever
 from ragsuite.retrieval.merge import interleave
@@ -137,11 +138,11 @@ class DiverseRerank(RAGProgram):
         }
 
     # ------------------------------------------------------------------ stages
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
         retrievers = [self.retriever] + ([self.second_retriever] if self.second_retriever is not None else [])
-        lists = run_concurrently(
-            lambda item: retrieve_traced(
+        lists = await concurrently(
+            lambda item: aretrieve_traced(
                 self, ledger, question, self.pool_k, retriever=item[1], retriever_index=item[0]
             ),
             list(enumerate(retrievers)),
@@ -150,18 +151,18 @@ class DiverseRerank(RAGProgram):
         ledger.record("pool", passage_ids=[p.id for p in pool])
         ledger.count_step()
         if not pool:
-            answer = run_answer(self, ledger, source="passages", question=question, passages=[])
+            answer = await arun_answer(self, ledger, source="passages", question=question, passages=[])
             return self.finish(ledger, answer, [])
 
         # The paper's initial reranking: the declarations read the top of the pool ranked for the question.
-        initial = pool if self.rerank_by == "retriever" else self._rerank(ledger, question, "", pool)
+        initial = pool if self.rerank_by == "retriever" else await self._rerank(ledger, question, "", pool)
         if initial is not pool:
             ledger.record("rerank", by=self.rerank_by, focus="", passage_ids=[p.id for p in initial])
-        declarations = run_concurrently(
+        declarations = await concurrently(
             lambda item: self._declare(ledger, question, *item),
             list(enumerate(initial[: self.declare_top], start=1)),
         )
-        summary = self.call_stage(
+        summary = await self.acall_stage(
             ledger,
             "knowledge_summarize",
             self.knowledge_summarize,
@@ -175,18 +176,18 @@ class DiverseRerank(RAGProgram):
         ]
         ledger.record("knowledge_summarize", knowledge=focuses)
 
-        rankings = run_concurrently(lambda focus: self._rerank(ledger, question, focus, initial), focuses)
+        rankings = await concurrently(lambda focus: self._rerank(ledger, question, focus, initial), focuses)
         for focus, ranking in zip(focuses, rankings, strict=True):
             ledger.record("rerank", by=self.rerank_by, focus=focus, passage_ids=[p.id for p in ranking])
         passages = interleave(rankings, limit=self.n)
         ledger.record("select", passage_ids=[p.id for p in passages])
-        answer = run_answer(
+        answer = await arun_answer(
             self, ledger, source="passages", question=question, passages=format_passages(passages)
         )
         return self.finish(ledger, answer, passages)
 
-    def _declare(self, ledger: RunLedger, question: str, index: int, passage: Passage) -> str:
-        declared = self.call_stage(
+    async def _declare(self, ledger: RunLedger, question: str, index: int, passage: Passage) -> str:
+        declared = await self.acall_stage(
             ledger,
             "knowledge_declare",
             self.knowledge_declare,
@@ -199,17 +200,24 @@ class DiverseRerank(RAGProgram):
         ledger.record("knowledge_declare", passage_id=passage.id, required=required, present=present)
         return format_declaration(index, passage, required, present)
 
-    def _rerank(self, ledger: RunLedger, question: str, focus: str, pool: list[Passage]) -> list[Passage]:
+    async def _rerank(
+        self, ledger: RunLedger, question: str, focus: str, pool: list[Passage]
+    ) -> list[Passage]:
         """The pool ordered for ``question`` + ``focus`` (the question alone when ``focus`` is empty); ties
         and unreached passages keep the pool order."""
         if self.rerank_by in ("model", "lm"):
             if self.rerank_by == "model":
-                scores = self._model_scores(join_query(question, focus), pool)
+                # A cross-encoder is blocking compute: a worker thread in an asynchronous run.
+                scores = await in_thread(self._model_scores, join_query(question, focus), pool)
             else:
-                scores = run_concurrently(lambda passage: self._score(ledger, question, focus, passage), pool)
+                scores = await concurrently(
+                    lambda passage: self._score(ledger, question, focus, passage), pool
+                )
             order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
             return [pool[i].with_score(scores[i]) for i in order]
-        hits = retrieve_traced(self, ledger, join_query(question, focus), self.rerank_depth, focus=focus)
+        hits = await aretrieve_traced(
+            self, ledger, join_query(question, focus), self.rerank_depth, focus=focus
+        )
         rank = {}
         for position, hit in enumerate(hits):
             rank.setdefault(hit.id, (position, hit.score))
@@ -223,8 +231,8 @@ class DiverseRerank(RAGProgram):
             raise RetrievalError(f"the reranker returned {len(scores)} scores for {len(pool)} passages")
         return scores
 
-    def _score(self, ledger: RunLedger, question: str, focus: str, passage: Passage) -> float:
-        scored = self.call_stage(
+    async def _score(self, ledger: RunLedger, question: str, focus: str, passage: Passage) -> float:
+        scored = await self.acall_stage(
             ledger,
             "rerank",
             self.rerank,

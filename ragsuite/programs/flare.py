@@ -22,7 +22,7 @@ import dspy
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, register
 from ragsuite.programs.ircot import ANSWER_IS
-from ragsuite.programs.pipeline import check_int, merge_passages, run_answer
+from ragsuite.programs.pipeline import arun_answer, check_int, merge_passages
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.reasoning import LookAhead
@@ -63,10 +63,10 @@ class FlareInstruct(RAGProgram):
     def search_space(cls, trial: Any) -> dict[str, Any]:
         return {"top_k": trial.suggest_int("top_k", 1, 7), "max_steps": trial.suggest_int("max_steps", 2, 8)}
 
-    def _sentence(
+    async def _sentence(
         self, ledger: Any, question: str, passages: list[Any], sentences: list[str]
     ) -> dspy.Prediction:
-        return self.call_stage(
+        return await self.acall_stage(
             ledger,
             "look_ahead",
             self.look_ahead,
@@ -76,21 +76,21 @@ class FlareInstruct(RAGProgram):
             answer_so_far=" ".join(sentences) or "nothing yet",
         )
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
         sentences: list[str] = []
         evidence = []
         reason = "max_steps"
         for step in range(1, self.max_steps + 1):
-            ahead = self._sentence(ledger, question, [], sentences)
+            ahead = await self._sentence(ledger, question, [], sentences)
             query = " ".join(str(ahead.search_query or "").split())
             sentence = " ".join(str(ahead.sentence or "").split())
             retrieved = []
             if query:
-                retrieved = self.retrieve(ledger, query, self.top_k)
+                retrieved = await self.aretrieve(ledger, query, self.top_k)
                 ledger.count_step()
                 evidence.append(retrieved)
-                again = self._sentence(ledger, question, retrieved, sentences)
+                again = await self._sentence(ledger, question, retrieved, sentences)
                 sentence = " ".join(str(again.sentence or "").split()) or sentence
             ledger.record(
                 "sentence", step=step, query=query, passage_ids=[p.id for p in retrieved], sentence=sentence
@@ -104,7 +104,7 @@ class FlareInstruct(RAGProgram):
                 break
         ledger.record("stop", reason=reason, sentences=len(sentences))
         text = " ".join(sentences) or "nothing"
-        answer = run_answer(self, ledger, source="note", question=question, note=text)
+        answer = await arun_answer(self, ledger, source="note", question=question, note=text)
         return self.finish(ledger, answer, merge_passages(evidence), generated=text)
 
 

@@ -24,9 +24,10 @@ from typing import Any, ClassVar
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
+from ragsuite.aio import concurrently, invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, RunLedger, register, run_concurrently
+from ragsuite.programs.base import RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import (
     ANSWER_FALLBACK,
     DecisionMode,
@@ -38,7 +39,7 @@ from ragsuite.programs.pipeline import (
     merge_passages,
     salvage_yes_no,
 )
-from ragsuite.programs.stages import FilterMode, FilterStage, retrieve_traced
+from ragsuite.programs.stages import FilterMode, FilterStage, aretrieve_traced
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.hanrag import Decompose, EndCheck, RefineSeed, Route
@@ -52,13 +53,13 @@ ROUTE_FALLBACK = "single-step"
 _ROUTE_WORD = re.compile(r"\b(straightforward|single[- ]step|compound|complex)\b", re.IGNORECASE)
 
 
-def salvage_route(predictor: Callable[..., dspy.Prediction]) -> Callable[..., dspy.Prediction]:
+def salvage_route(predictor: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap the router so that a reply strict ``Literal`` parsing refuses but that names one type (the
     paper's own format, "complex question") yields that type, marked ``salvaged``."""
 
-    def call(**inputs: Any) -> dspy.Prediction:
+    async def call(**inputs: Any) -> dspy.Prediction:
         try:
-            return predictor(**inputs)
+            return await invoke(predictor, **inputs)
         except AdapterParseError as exc:
             found = {m.lower().replace(" ", "-") for m in _ROUTE_WORD.findall(str(exc.lm_response or ""))}
             if len(found) != 1:
@@ -203,13 +204,13 @@ class HANRAG(RAGProgram):
         }
 
     # ------------------------------------------------------------------ chains
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        return self._run_route(ledger, question, self._route(ledger, question))
+        return await self._run_route(ledger, question, await self._route(ledger, question))
 
-    def _route(self, ledger: RunLedger, question: str) -> str:
+    async def _route(self, ledger: RunLedger, question: str) -> str:
         """The router's chain for ``question`` (the fallback when its reply cannot be read), recorded."""
-        routed = self.call_stage(
+        routed = await self.acall_stage(
             ledger,
             "route",
             salvage_route(self.route),
@@ -223,38 +224,38 @@ class HANRAG(RAGProgram):
             ledger.record("route", category=category)
         return category
 
-    def _run_route(self, ledger: RunLedger, question: str, category: str) -> dspy.Prediction:
+    async def _run_route(self, ledger: RunLedger, question: str, category: str) -> dspy.Prediction:
         """Answer ``question`` down the ``category`` chain."""
         if category == "straightforward":
-            answer = self._answer(ledger, self.answer.direct, source="none", question=question)
+            answer = await self._answer(ledger, self.answer.direct, source="none", question=question)
             passages: list[Passage] = []
         elif category == "single-step":
             ledger.count_step()
-            answer, passages = self._anrag(ledger, question, self.answer.from_passages)
+            answer, passages = await self._anrag(ledger, question, self.answer.from_passages)
         elif category == "compound":
-            answer, passages = self._compound(ledger, question)
+            answer, passages = await self._compound(ledger, question)
         else:
-            answer, passages = self._complex(ledger, question)
+            answer, passages = await self._complex(ledger, question)
         return self.finish(ledger, answer, passages, route=category)
 
-    def _answer(self, ledger: RunLedger, predictor: dspy.Predict, *, source: str, **inputs: Any) -> str:
+    async def _answer(self, ledger: RunLedger, predictor: dspy.Predict, *, source: str, **inputs: Any) -> str:
         # Sub-question answers are short spans; only answers in the task's style can be yes/no.
         yesno = self.task == "yesno" and predictor is not self.answer.sub_question
         call = salvage_yes_no(predictor) if yesno else predictor
-        prediction = self.call_stage(ledger, "answer", call, fallback=ANSWER_FALLBACK, **inputs)
+        prediction = await self.acall_stage(ledger, "answer", call, fallback=ANSWER_FALLBACK, **inputs)
         answer = str(prediction.answer or "").strip()
         salvaged = {"salvaged": True} if prediction.get("salvaged") else {}
         ledger.record("answer", source=source, question=inputs["question"], answer=answer, **salvaged)
         return answer
 
-    def _anrag(
+    async def _anrag(
         self, ledger: RunLedger, query: str, predictor: dspy.Predict, **fields: Any
     ) -> tuple[str, list[Passage]]:
         """Algorithm 1: retrieve ``top_k`` for ``query``, filter, answer ``query`` from the first ``keep``
         kept passages. Returns the answer and the passages it was given."""
-        retrieved = retrieve_traced(self, ledger, query, self.top_k, **fields)
-        kept = self.filter(self, ledger, query, retrieved, **fields)
-        answer = self._answer(
+        retrieved = await aretrieve_traced(self, ledger, query, self.top_k, **fields)
+        kept = await invoke(self.filter, self, ledger, query, retrieved, **fields)
+        answer = await self._answer(
             ledger,
             predictor,
             source="passages",
@@ -264,8 +265,8 @@ class HANRAG(RAGProgram):
         ledger.record("anrag", question=query, answer=answer, passage_ids=[p.id for p in kept], **fields)
         return answer, kept
 
-    def _compound(self, ledger: RunLedger, question: str) -> tuple[str, list[Passage]]:
-        decomposed = self.call_stage(
+    async def _compound(self, ledger: RunLedger, question: str) -> tuple[str, list[Passage]]:
+        decomposed = await self.acall_stage(
             ledger, "decompose", self.decompose, fallback={"sub_questions": [question]}, question=question
         )
         sub_questions = _clean_questions(decomposed.sub_questions) or [question]
@@ -274,22 +275,22 @@ class HANRAG(RAGProgram):
         ledger.record("decompose", sub_questions=sub_questions, **({"dropped": dropped} if dropped else {}))
         # The sub-questions are independent: their retrievals run at once and count as one step.
         ledger.count_step()
-        results = run_concurrently(
+        results = await concurrently(
             lambda sub: self._anrag(ledger, sub, self.answer.sub_question, sub_question=sub), sub_questions
         )
         steps = [(sub, answer) for sub, (answer, _) in zip(sub_questions, results, strict=True)]
-        answer = self._answer(
+        answer = await self._answer(
             ledger, self.answer.from_steps, source="steps", question=question, note=format_steps(steps)
         )
         return answer, merge_passages([kept for _, kept in results])
 
-    def _complex(self, ledger: RunLedger, question: str) -> tuple[str, list[Passage]]:
+    async def _complex(self, ledger: RunLedger, question: str) -> tuple[str, list[Passage]]:
         steps: list[tuple[str, str]] = []
         evidence: list[list[Passage]] = []
         asked: set[str] = set()
         reason = "max_hops"
         for hop in range(1, self.max_hops + 1):
-            refined = self.call_stage(
+            refined = await self.acall_stage(
                 ledger,
                 "refine_seed",
                 self.refine_seed,
@@ -306,12 +307,12 @@ class HANRAG(RAGProgram):
             asked.add(seed.lower())
             ledger.record("seed", hop=hop, seed=seed)
             ledger.count_step()
-            answer, kept = self._anrag(ledger, seed, self.answer.sub_question, hop=hop, seed=seed)
+            answer, kept = await self._anrag(ledger, seed, self.answer.sub_question, hop=hop, seed=seed)
             steps.append((seed, answer))
             evidence.append(kept)
             if hop == self.max_hops:
                 break  # no further hop is allowed, so asking EndCheck would change nothing
-            ended = self.call_stage(
+            ended = await self.acall_stage(
                 ledger,
                 "end_check",
                 self.end_check,
@@ -330,7 +331,7 @@ class HANRAG(RAGProgram):
                 reason = "enough"
                 break
         ledger.record("stop", reason=reason, hops=len(steps))
-        answer = self._answer(
+        answer = await self._answer(
             ledger,
             self.answer.from_steps,
             source="steps",

@@ -49,15 +49,15 @@ class HANRAGOracle(HANRAG):
     #: Example fields the evaluation harness passes besides the question (``type`` as ``question_type``).
     EXAMPLE_INPUTS: ClassVar[dict[str, str]] = {"question_type": "type"}
 
-    def forward(self, question: str, question_type: str | None = None) -> dspy.Prediction:
+    async def aforward(self, question: str, question_type: str | None = None) -> dspy.Prediction:
         ledger = self.start(question)
         category = oracle_route(question_type)
         if category is None:
             ledger.record("route", oracle=False, question_type=question_type)
-            category = self._route(ledger, question)
+            category = await self._route(ledger, question)
         else:
             ledger.record("route", category=category, oracle=True, question_type=question_type)
-        return self._run_route(ledger, question, category)
+        return await self._run_route(ledger, question, category)
 
 
 __all__ = ["HANRAGOracle", "oracle_route"]

@@ -27,9 +27,10 @@ from typing import Any, ClassVar
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
+from ragsuite.aio import invoke, run_sync
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, RunLedger, register
-from ragsuite.programs.pipeline import check_int, retrieve_recorded, run_answer
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.reasoning import NextThought, QueryComplexity, RetrievalNeed
@@ -41,7 +42,7 @@ COMPLEXITY_FALLBACK = "B"
 _CLASS = re.compile(r"\b([ABC])\b")
 
 
-def interleave_reasoning(
+async def ainterleave_reasoning(
     program: RAGProgram,
     ledger: RunLedger,
     question: str,
@@ -53,12 +54,13 @@ def interleave_reasoning(
 ) -> tuple[list[Passage], list[str]]:
     """IRCoT's retrieve-reason loop (module docstring, steps 1-2). Returns the collected passages and the
     reasoning sentences; records a ``step`` event per sentence and a ``stop`` event."""
-    collected = {p.id: p for p in retrieve_recorded(program, ledger, question, top_k)[:max_passages]}
+    first = await aretrieve_recorded(program, ledger, question, top_k)
+    collected = {p.id: p for p in first[:max_passages]}
     ledger.count_step()
     thoughts: list[str] = []
     reason = "max_steps"
     for step in range(1, max_steps + 1):
-        output = program.call_stage(
+        output = await program.acall_stage(
             ledger,
             "next_thought",
             predictor,
@@ -76,7 +78,7 @@ def interleave_reasoning(
             reason = "answer" if ANSWER_IS.search(thought) else "max_steps"
             ledger.record("step", step=step, thought=thought, passage_ids=[])
             break
-        hits = program.retrieve(ledger, thought, top_k)
+        hits = await program.aretrieve(ledger, thought, top_k)
         ledger.count_step()
         room = max(0, max_passages - len(collected))
         new = [p for p in hits if p.id not in collected][:room]
@@ -90,6 +92,24 @@ def interleave_reasoning(
         )
     ledger.record("stop", reason=reason, thoughts=len(thoughts), passages=len(collected))
     return list(collected.values()), thoughts
+
+
+def interleave_reasoning(
+    program: RAGProgram,
+    ledger: RunLedger,
+    question: str,
+    predictor: dspy.Predict,
+    *,
+    top_k: int,
+    max_steps: int,
+    max_passages: int,
+) -> tuple[list[Passage], list[str]]:
+    """:func:`ainterleave_reasoning`, synchronously."""
+    return run_sync(
+        ainterleave_reasoning(
+            program, ledger, question, predictor, top_k=top_k, max_steps=max_steps, max_passages=max_passages
+        )
+    )
 
 
 @register
@@ -138,9 +158,9 @@ class IRCoT(RAGProgram):
             "max_passages": trial.suggest_int("max_passages", 5, 20),
         }
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        passages, thoughts = interleave_reasoning(
+        passages, thoughts = await ainterleave_reasoning(
             self,
             ledger,
             question,
@@ -149,7 +169,7 @@ class IRCoT(RAGProgram):
             max_steps=self.max_steps,
             max_passages=self.max_passages,
         )
-        answer = run_answer(
+        answer = await arun_answer(
             self, ledger, source="passages", question=question, passages=format_passages(passages)
         )
         return self.finish(ledger, answer, passages, thoughts=thoughts)
@@ -158,9 +178,9 @@ class IRCoT(RAGProgram):
 def _salvage_complexity(predictor: dspy.Predict) -> Any:
     """Read a lone class letter from a reply strict parsing refuses ("C.", "Class: B")."""
 
-    def call(**inputs: Any) -> dspy.Prediction:
+    async def call(**inputs: Any) -> dspy.Prediction:
         try:
-            return predictor(**inputs)
+            return await invoke(predictor, **inputs)
         except AdapterParseError as exc:
             found = set(_CLASS.findall(str(exc.lm_response or "").split("]]")[-1]))
             if len(found) != 1:
@@ -203,9 +223,9 @@ class AdaptiveRAG(IRCoT):
         self.classify = dspy.Predict(QueryComplexity)
         self.direct = dspy.Predict(answer_signature(task, "none"))
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        classified = self.call_stage(
+        classified = await self.acall_stage(
             ledger,
             "classify",
             _salvage_complexity(self.classify),
@@ -219,13 +239,13 @@ class AdaptiveRAG(IRCoT):
             "route", complexity=complexity, **({"salvaged": True} if classified.get("salvaged") else {})
         )
         if complexity == "A":
-            answer = run_answer(self, ledger, source="none", predictor=self.direct, question=question)
+            answer = await arun_answer(self, ledger, source="none", predictor=self.direct, question=question)
             return self.finish(ledger, answer, [], route=complexity)
         if complexity == "B":
-            passages = retrieve_recorded(self, ledger, question, self.top_k)
+            passages = await aretrieve_recorded(self, ledger, question, self.top_k)
             ledger.count_step()
         else:
-            passages, _ = interleave_reasoning(
+            passages, _ = await ainterleave_reasoning(
                 self,
                 ledger,
                 question,
@@ -234,7 +254,7 @@ class AdaptiveRAG(IRCoT):
                 max_steps=self.max_steps,
                 max_passages=self.max_passages,
             )
-        answer = run_answer(
+        answer = await arun_answer(
             self, ledger, source="passages", question=question, passages=format_passages(passages)
         )
         return self.finish(ledger, answer, passages, route=complexity)
@@ -272,22 +292,29 @@ class AdaptiveRetrieval(RAGProgram):
     def search_space(cls, trial: Any) -> dict[str, Any]:
         return {"top_k": trial.suggest_categorical("top_k", [3, 5, 7, 10])}
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        decided = self.call_stage(
+        decided = await self.acall_stage(
             ledger, "decide", self.decide, fallback={"needs_retrieval": True}, question=question
         )
         retrieve = decided.needs_retrieval is not False
         ledger.record("decide", retrieve=retrieve)
         if not retrieve:
-            answer = run_answer(self, ledger, source="none", predictor=self.direct, question=question)
+            answer = await arun_answer(self, ledger, source="none", predictor=self.direct, question=question)
             return self.finish(ledger, answer, [])
-        passages = retrieve_recorded(self, ledger, question, self.top_k)
+        passages = await aretrieve_recorded(self, ledger, question, self.top_k)
         ledger.count_step()
-        answer = run_answer(
+        answer = await arun_answer(
             self, ledger, source="passages", question=question, passages=format_passages(passages)
         )
         return self.finish(ledger, answer, passages)
 
 
-__all__ = ["ANSWER_IS", "AdaptiveRAG", "AdaptiveRetrieval", "IRCoT", "interleave_reasoning"]
+__all__ = [
+    "ANSWER_IS",
+    "AdaptiveRAG",
+    "AdaptiveRetrieval",
+    "IRCoT",
+    "ainterleave_reasoning",
+    "interleave_reasoning",
+]

@@ -27,7 +27,13 @@ from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, register
 from ragsuite.programs.baselines import VanillaRAG
 from ragsuite.programs.deepnote import DeepNote
-from ragsuite.programs.pipeline import DecisionMode, check_int, merge_passages, retrieve_recorded, run_answer
+from ragsuite.programs.pipeline import (
+    DecisionMode,
+    aretrieve_recorded,
+    arun_answer,
+    check_int,
+    merge_passages,
+)
 from ragsuite.programs.stages import join_query
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
@@ -61,12 +67,12 @@ class ChainOfNote(RAGProgram):
         self.reading_notes = dspy.Predict(ReadingNotes)
         self.answer = dspy.Predict(answer_signature(task, "note"))
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        passages = retrieve_recorded(self, ledger, question, self.top_k)
+        passages = await aretrieve_recorded(self, ledger, question, self.top_k)
         ledger.count_step()
         rendered = format_passages(passages)
-        written = self.call_stage(
+        written = await self.acall_stage(
             ledger,
             "reading_notes",
             self.reading_notes,
@@ -77,7 +83,7 @@ class ChainOfNote(RAGProgram):
         notes = [" ".join(str(n).split()) for n in (written.notes or []) if str(n).strip()]
         ledger.record("reading_notes", notes=notes)
         note = "\n".join(f"Note {i}: {text}" for i, text in enumerate(notes, start=1)) or "nothing"
-        answer = run_answer(self, ledger, source="note", question=question, note=note)
+        answer = await arun_answer(self, ledger, source="note", question=question, note=note)
         return self.finish(ledger, answer, passages, notes=notes)
 
 
@@ -125,9 +131,11 @@ class RAT(RAGProgram):
             "max_thoughts": trial.suggest_int("max_thoughts", 1, 8),
         }
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        drafted = self.call_stage(ledger, "draft", self.draft, fallback={"thoughts": []}, question=question)
+        drafted = await self.acall_stage(
+            ledger, "draft", self.draft, fallback={"thoughts": []}, question=question
+        )
         draft = [" ".join(str(t).split()) for t in (drafted.thoughts or []) if str(t).strip()]
         ledger.record(
             "draft",
@@ -138,9 +146,9 @@ class RAT(RAGProgram):
         revised: list[str] = []
         evidence = []
         for step, thought in enumerate(draft, start=1):
-            passages = self.retrieve(ledger, join_query(question, thought), self.top_k)
+            passages = await self.aretrieve(ledger, join_query(question, thought), self.top_k)
             ledger.count_step()
-            output = self.call_stage(
+            output = await self.acall_stage(
                 ledger,
                 "revise",
                 self.revise,
@@ -156,7 +164,7 @@ class RAT(RAGProgram):
                 "revise", step=step, draft=thought, revised=revised[-1], passage_ids=[p.id for p in passages]
             )
         note = "\n".join(f"Step {i}: {text}" for i, text in enumerate(revised, start=1))
-        answer = run_answer(self, ledger, source="note", question=question, note=note)
+        answer = await arun_answer(self, ledger, source="note", question=question, note=note)
         return self.finish(ledger, answer, merge_passages(evidence), thoughts=revised)
 
 

@@ -1,6 +1,9 @@
 """The pipeline steps programs share: validating knobs, retrieving with a trace event, gathering (and
 optionally blending and filtering) a first retrieval, merging ranked lists, and answering with the task's
-fallbacks. Each program module then reads as its method alone."""
+fallbacks. Each program module then reads as its method alone.
+
+The steps are coroutines (``arun_answer``, ``agather``, ...), awaited by the programs' ``aforward``; the
+plain names run them synchronously (see :mod:`ragsuite.aio`)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
+from ragsuite.aio import invoke, run_sync
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger
 from ragsuite.retrieval.base import Passage
@@ -82,13 +86,14 @@ def check_bool(name: str, value: Any) -> bool:
 _YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 
-def salvage_yes_no(predictor: Callable[..., dspy.Prediction]) -> Callable[..., dspy.Prediction]:
+def salvage_yes_no(predictor: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a yes/no answer predictor so that a reply DSPy's strict ``Literal["yes", "no"]`` parsing refuses
-    ("Yes", "no.", "Yes, because ...") still yields the first yes/no word in it, lowercased."""
+    ("Yes", "no.", "Yes, because ...") still yields the first yes/no word in it, lowercased. The wrapper is
+    a coroutine function calling the predictor as the run goes (:func:`ragsuite.aio.invoke`)."""
 
-    def call(**inputs: Any) -> dspy.Prediction:
+    async def call(**inputs: Any) -> dspy.Prediction:
         try:
-            return predictor(**inputs)
+            return await invoke(predictor, **inputs)
         except AdapterParseError as exc:
             match = _YES_NO.search(str(exc.lm_response or ""))
             if match is None:
@@ -99,7 +104,7 @@ def salvage_yes_no(predictor: Callable[..., dspy.Prediction]) -> Callable[..., d
     return call
 
 
-def run_answer(
+async def arun_answer(
     program: RAGProgram,
     ledger: RunLedger,
     *,
@@ -115,7 +120,7 @@ def run_answer(
     """
     predictor = predictor or program.answer
     predictor = salvage_yes_no(predictor) if program.task == "yesno" else predictor
-    prediction = program.call_stage(ledger, "answer", predictor, fallback=ANSWER_FALLBACK, **evidence)
+    prediction = await program.acall_stage(ledger, "answer", predictor, fallback=ANSWER_FALLBACK, **evidence)
     answer = str(prediction.answer or "").strip()
     if prediction.get("salvaged"):
         ledger.record("answer", source=source, answer=answer, salvaged=True)
@@ -133,15 +138,33 @@ def merge_passages(groups: Sequence[Sequence[Passage]]) -> list[Passage]:
     return list(seen.values())
 
 
-def retrieve_recorded(program: RAGProgram, ledger: RunLedger, query: str, k: int) -> list[Passage]:
-    """``program.retrieve`` plus a ``"retrieve"`` trace event (``retrieve`` itself records empty results)."""
-    passages = program.retrieve(ledger, query, k)
+def run_answer(
+    program: RAGProgram,
+    ledger: RunLedger,
+    *,
+    source: str,
+    predictor: Callable[..., dspy.Prediction] | None = None,
+    **evidence: Any,
+) -> str:
+    """:func:`arun_answer`, synchronously."""
+    return run_sync(arun_answer(program, ledger, source=source, predictor=predictor, **evidence))
+
+
+async def aretrieve_recorded(program: RAGProgram, ledger: RunLedger, query: str, k: int) -> list[Passage]:
+    """``program.aretrieve`` plus a ``"retrieve"`` trace event (``aretrieve`` itself records empty
+    results)."""
+    passages = await program.aretrieve(ledger, query, k)
     if passages:
         ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages])
     return passages
 
 
-def gather(
+def retrieve_recorded(program: RAGProgram, ledger: RunLedger, query: str, k: int) -> list[Passage]:
+    """:func:`aretrieve_recorded`, synchronously."""
+    return run_sync(aretrieve_recorded(program, ledger, query, k))
+
+
+async def agather(
     program: RAGProgram,
     ledger: RunLedger,
     question: str,
@@ -153,21 +176,38 @@ def gather(
     """Retrieve ``k`` passages for ``question``; with ``blend``, also ``k`` for each extra query it proposes
     (given the question's passages); with ``filter``, keep what it keeps of each non-empty retrieved set;
     return the union, first occurrence wins. Retrievals, blending and filtering are all traced."""
-    retrieved = [retrieve_recorded(program, ledger, question, k)]
+    retrieved = [await aretrieve_recorded(program, ledger, question, k)]
     if blend is not None:
-        for query in blend(program, ledger, question, retrieved[0]):
+        for query in await invoke(blend, program, ledger, question, retrieved[0]):
             if query and query.strip():
-                retrieved.append(retrieve_recorded(program, ledger, query, k))
+                retrieved.append(await aretrieve_recorded(program, ledger, query, k))
     if filter is not None:
         retrieved = [
-            list(filter(program, ledger, question, group)) if group else group for group in retrieved
+            list(await invoke(filter, program, ledger, question, group)) if group else group
+            for group in retrieved
         ]
     return merge_passages(retrieved)
+
+
+def gather(
+    program: RAGProgram,
+    ledger: RunLedger,
+    question: str,
+    k: int,
+    *,
+    filter: FilterStage | None = None,
+    blend: BlendStage | None = None,
+) -> list[Passage]:
+    """:func:`agather`, synchronously."""
+    return run_sync(agather(program, ledger, question, k, filter=filter, blend=blend))
 
 
 __all__ = [
     "ANSWER_FALLBACK",
     "DecisionMode",
+    "agather",
+    "aretrieve_recorded",
+    "arun_answer",
     "check_bool",
     "check_decisions",
     "check_int",

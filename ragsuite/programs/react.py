@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
+from ragsuite.aio import run_sync, synchronous
 from ragsuite.data.datasets import Task
 from ragsuite.errors import RetrievalError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
@@ -31,11 +32,18 @@ _EPISODE: contextvars.ContextVar[tuple[RAGProgram, RunLedger, dict[str, Passage]
 )
 
 
-def search(query: str) -> list[str]:
+def search(query: str) -> Any:
     """Search the knowledge source: returns the passages most relevant to the query, '[i] title | text'."""
+    # dspy.ReAct calls a tool synchronously in a synchronous run, and awaits what it returns in an
+    # asynchronous one: the search is one coroutine, run to its end here or handed back to be awaited.
+    found = _search(query)
+    return run_sync(found) if synchronous() else found
+
+
+async def _search(query: str) -> list[str]:
     program, ledger, seen, errors = _EPISODE.get()
     try:
-        passages = program.retrieve(ledger, query, program.top_k)  # type: ignore[attr-defined]
+        passages = await program.aretrieve(ledger, query, program.top_k)  # type: ignore[attr-defined]
     except RetrievalError as exc:
         errors.append(exc)
         raise
@@ -106,13 +114,13 @@ class ReActRAG(RAGProgram):
     def search_space(cls, trial: Any) -> dict[str, Any]:
         return {"top_k": trial.suggest_int("top_k", 1, 7), "max_iters": trial.suggest_int("max_iters", 2, 8)}
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
         seen: dict[str, Passage] = {}
         errors: list[RetrievalError] = []
         token = _EPISODE.set((self, ledger, seen, errors))
         try:
-            result = self.call_stage(
+            result = await self.acall_stage(
                 ledger, "answer", self.agent, fallback={"answer": "", "trajectory": {}}, question=question
             )
         finally:

@@ -20,10 +20,11 @@ from typing import Any, ClassVar
 
 import dspy
 
+from ragsuite.aio import concurrently
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, register, run_concurrently
-from ragsuite.programs.pipeline import check_int, retrieve_recorded, run_answer
+from ragsuite.programs.base import RAGProgram, register
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature
 from ragsuite.signatures.reasoning import CritiquedAnswer, RetrievalNeed
@@ -101,20 +102,20 @@ class SelfRAGPrompted(RAGProgram):
             self.w_rel * relevant + self.w_sup * _SUPPORT.get(str(critique.supported), 0.0) + self.w_use * use
         )
 
-    def forward(self, question: str) -> dspy.Prediction:
+    async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        decided = self.call_stage(
+        decided = await self.acall_stage(
             ledger, "decide", self.decide, fallback={"needs_retrieval": True}, question=question
         )
         if decided.needs_retrieval is False:
             ledger.record("decide", retrieve=False)
-            answer = run_answer(self, ledger, source="none", predictor=self.direct, question=question)
+            answer = await arun_answer(self, ledger, source="none", predictor=self.direct, question=question)
             return self.finish(ledger, answer, [])
         ledger.record("decide", retrieve=True)
-        passages = retrieve_recorded(self, ledger, question, self.top_k)
+        passages = await aretrieve_recorded(self, ledger, question, self.top_k)
         ledger.count_step()
-        critiques = run_concurrently(
-            lambda p: self.call_stage(
+        critiques = await concurrently(
+            lambda p: self.acall_stage(
                 ledger,
                 "critique",
                 self.critique,
@@ -136,11 +137,11 @@ class SelfRAGPrompted(RAGProgram):
                 score=round(score, 4),
             )
         if not passages:
-            answer = run_answer(self, ledger, source="none", predictor=self.direct, question=question)
+            answer = await arun_answer(self, ledger, source="none", predictor=self.direct, question=question)
             return self.finish(ledger, answer, [])
         best = max(range(len(passages)), key=lambda i: (scores[i], -i))
         note = f"{passages[best].render()}\nCandidate answer: {critiques[best].answer or ''}"
-        answer = run_answer(self, ledger, source="note", question=question, note=note)
+        answer = await arun_answer(self, ledger, source="note", question=question, note=note)
         return self.finish(
             ledger, answer, [passages[best]], candidates=[str(c.answer or "") for c in critiques]
         )

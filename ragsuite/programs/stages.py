@@ -5,7 +5,8 @@ per-stage LMs see them), but they do their bookkeeping in the program's run: eac
 ``program`` (for :meth:`~ragsuite.programs.base.RAGProgram.call_stage`, which counts LM calls and applies the
 parse-error fallbacks) and its :class:`~ragsuite.programs.base.RunLedger` (trace and cost stats).
 
-Contract used by programs::
+Contract used by programs (``await stage.acall(...)`` in an asynchronous run; ``aforward`` is the one
+definition, ``forward`` runs it synchronously)::
 
     kept: list[Passage] = filter_stage(program, ledger, question, passages)
     queries: list[str] = blend_stage(program, ledger, question, passages)
@@ -28,8 +29,9 @@ from typing import Any, Literal
 
 import dspy
 
+from ragsuite.aio import concurrently, run_sync
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, RunLedger, run_concurrently
+from ragsuite.programs.base import RAGProgram, RunLedger
 from ragsuite.programs.pipeline import DecisionMode, check_decisions, check_threshold, decision_predictor
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import format_passages
@@ -45,6 +47,27 @@ BlendWhich = Literal["both", "external", "internal"]
 MAX_QUERY_CHARS = 500
 
 
+async def aretrieve_traced(
+    program: RAGProgram,
+    ledger: RunLedger,
+    query: str,
+    k: int,
+    *,
+    retriever: Retriever | None = None,
+    **fields: Any,
+) -> list[Passage]:
+    """``program.aretrieve`` plus a ``"retrieve"`` trace event with the query and passage ids.
+
+    An empty result is already recorded by ``program.aretrieve`` (with ``empty=True``), so it is not
+    recorded twice. ``retriever`` overrides the program's own; extra ``fields`` (e.g. ``sub_question=...``)
+    go into the event.
+    """
+    passages = await program.aretrieve(ledger, query, k, retriever=retriever)
+    if passages:
+        ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages], **fields)
+    return passages
+
+
 def retrieve_traced(
     program: RAGProgram,
     ledger: RunLedger,
@@ -54,16 +77,8 @@ def retrieve_traced(
     retriever: Retriever | None = None,
     **fields: Any,
 ) -> list[Passage]:
-    """``program.retrieve`` plus a ``"retrieve"`` trace event with the query and passage ids.
-
-    An empty result is already recorded by ``program.retrieve`` (with ``empty=True``), so it is not
-    recorded twice. ``retriever`` overrides the program's own; extra ``fields`` (e.g. ``sub_question=...``)
-    go into the event.
-    """
-    passages = program.retrieve(ledger, query, k, retriever=retriever)
-    if passages:
-        ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages], **fields)
-    return passages
+    """:func:`aretrieve_traced`, synchronously."""
+    return run_sync(aretrieve_traced(program, ledger, query, k, retriever=retriever, **fields))
 
 
 def join_query(question: str, text: str, *, lead: str = "", max_chars: int = MAX_QUERY_CHARS) -> str:
@@ -149,7 +164,11 @@ class FilterStage(dspy.Module):
             "threshold": self.threshold,
         }
 
-    def forward(
+    def forward(self, *args: Any, **kwargs: Any) -> list[Passage]:
+        """:meth:`aforward`, synchronously."""
+        return run_sync(self.aforward(*args, **kwargs))
+
+    async def aforward(
         self,
         program: RAGProgram,
         ledger: RunLedger,
@@ -163,9 +182,9 @@ class FilterStage(dspy.Module):
         if not passages:
             verdicts: list[bool] = []
         elif self.mode == "per_passage":
-            verdicts = self._per_passage(program, ledger, question, passages)
+            verdicts = await self._per_passage(program, ledger, question, passages)
         else:
-            verdicts, invalid = self._batch(program, ledger, question, passages)
+            verdicts, invalid = await self._batch(program, ledger, question, passages)
         kept = [p for p, keep in zip(passages, verdicts, strict=True) if keep]
         dropped = [p for p, keep in zip(passages, verdicts, strict=True) if not keep]
         used = kept if self.keep is None else kept[: self.keep]
@@ -182,11 +201,11 @@ class FilterStage(dspy.Module):
         ledger.record("filter", **event)
         return used
 
-    def _per_passage(
+    async def _per_passage(
         self, program: RAGProgram, ledger: RunLedger, question: str, passages: list[Passage]
     ) -> list[bool]:
-        def judge(passage: Passage) -> bool:
-            prediction = program.call_stage(
+        async def judge(passage: Passage) -> bool:
+            prediction = await program.acall_stage(
                 ledger,
                 "filter",
                 self.per_passage,
@@ -196,13 +215,13 @@ class FilterStage(dspy.Module):
             )
             return bool(prediction.relevant)
 
-        return run_concurrently(judge, passages, max_workers=self.max_workers)
+        return await concurrently(judge, passages, max_workers=self.max_workers)
 
-    def _batch(
+    async def _batch(
         self, program: RAGProgram, ledger: RunLedger, question: str, passages: list[Passage]
     ) -> tuple[list[bool], list[Any]]:
         everything = list(range(1, len(passages) + 1))
-        prediction = program.call_stage(
+        prediction = await program.acall_stage(
             ledger,
             "filter",
             self.batch,
@@ -269,14 +288,18 @@ class BlendStage(dspy.Module):
         """The active variants, in the order their queries are returned."""
         return [name for name in ("external", "internal") if getattr(self, name) is not None]
 
-    def forward(
+    def forward(self, *args: Any, **kwargs: Any) -> list[str]:
+        """:meth:`aforward`, synchronously."""
+        return run_sync(self.aforward(*args, **kwargs))
+
+    async def aforward(
         self, program: RAGProgram, ledger: RunLedger, question: str, passages: Sequence[Passage]
     ) -> list[str]:
         rendered = format_passages(passages)
 
-        def generate(variant: str) -> tuple[str, str]:
+        async def generate(variant: str) -> tuple[str, str]:
             if variant == "external":
-                prediction = program.call_stage(
+                prediction = await program.acall_stage(
                     ledger,
                     "blend_external",
                     self.external,
@@ -289,14 +312,14 @@ class BlendStage(dspy.Module):
                 text = f"{reasoning} {answer}".strip()
                 query = join_query(question, reasoning, lead=answer, max_chars=self.max_query_chars)
             else:
-                prediction = program.call_stage(
+                prediction = await program.acall_stage(
                     ledger, "blend_internal", self.internal, fallback={"knowledge": ""}, question=question
                 )
                 text = str(prediction.knowledge or "").strip()
                 query = join_query(question, text, max_chars=self.max_query_chars)
             return text, query
 
-        generated = run_concurrently(generate, self.variants)
+        generated = await concurrently(generate, self.variants)
         # Recorded after both finish, in variant order, so traces do not depend on which thread won.
         for variant, (text, query) in zip(self.variants, generated, strict=True):
             ledger.record("blend", variant=variant, text=text, query=query)
@@ -340,6 +363,7 @@ __all__ = [
     "STAGE_TYPES",
     "BlendStage",
     "FilterStage",
+    "aretrieve_traced",
     "build_stage",
     "join_query",
     "parse_stage_flags",

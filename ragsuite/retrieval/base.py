@@ -55,7 +55,9 @@ class Retriever(Protocol):
     """Anything that maps a query to ranked passages.
 
     Implementations must be safe to call from several threads at once and must raise
-    :class:`ragsuite.errors.RetrievalError` on failure rather than return an empty list.
+    :class:`ragsuite.errors.RetrievalError` on failure rather than return an empty list. One with an async
+    client may also define ``async def acall(query, k)``: a program run with ``acall`` awaits it instead of
+    calling ``__call__`` in a worker thread.
     """
 
     def __call__(self, query: str, k: int) -> list[Passage]: ...

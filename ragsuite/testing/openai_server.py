@@ -218,6 +218,9 @@ class LocalOpenAIServer:
 
 class _QuietServer(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog (5) makes a burst of concurrent clients (hundreds of questions at once)
+    # wait for TCP's connect retry (1 s and more): latency the server is not meant to add.
+    request_queue_size = 1024
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that timed out and hung up is expected in fault tests; anything else is reported.

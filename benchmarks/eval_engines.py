@@ -1,0 +1,234 @@
+"""``ragsuite eval``'s two engines side by side: worker threads (``program(...)``) against one event loop
+(``await program.acall(...)``), at several numbers of concurrent questions.
+
+A local OpenAI-compatible server, in its own process (its CPU time is not charged to the harness), answers
+every LM call after a fixed latency. The program makes ``--calls`` sequential LM calls per question plus, in
+the middle, ``--fanout`` concurrent ones (like HANRAG's per-passage filter), through the real ``dspy.LM``
+HTTP client, the ChatAdapter, usage tracking and a run directory (records fsynced). Each (engine,
+concurrency) runs in a fresh process, so its peak RSS (``resource.getrusage``) is its own.
+
+Figures, per run:
+    ideal (s): questions / concurrency * (calls + 1 if fanout else calls) * latency, the LM-bound wall time.
+    efficiency: ideal / actual wall time of ``evaluate`` (1.0 = no overhead at all).
+    CPU / LM call (ms): the harness process's CPU time (all threads) during ``evaluate`` / LM requests.
+    peak RSS (MiB): the process's peak resident memory (imports included; ``base`` is the peak before
+        ``evaluate`` started).
+    threads: the process's most threads alive at once during the run (sampled every 50 ms).
+    s / question: mean latency of one question (ideal: (calls + 1 if fanout else calls) * latency).
+
+DSPy's LM client keeps at most 100 connections per endpoint (``max_connections`` of its vendored lm15
+transport, not a ``dspy.LM`` setting): past 100 LM calls in flight, both engines queue for a connection.
+``--max-connections N`` raises that default in the benchmark's processes (a patch of ``RouterConfig``'s
+default, for measuring the engines themselves).
+
+Usage:
+    python benchmarks/eval_engines.py [--latency 1.0] [--calls 2] [--fanout 3] [--per-slot 2]
+        [--concurrency 16 64 256] [--engines threads async] [--max-connections N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _serve(latency: float, queue: Any, stop: Any, done: Any) -> None:
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+
+    def respond(request: Any) -> dict[str, str]:
+        return {name: "ok" for name in request.output_fields}
+
+    with LocalOpenAIServer(respond, latency=latency) as server:
+        queue.put(server.api_base)
+        stop.wait()
+        done.put(server.chat_requests)
+
+
+def _program(calls: int, fanout: int) -> Any:
+    import dspy
+
+    from ragsuite.aio import concurrently
+    from ragsuite.programs.base import RAGProgram
+
+    class ChainFan(RAGProgram):
+        """``calls`` sequential LM stages; after the first, ``fanout`` concurrent ones; no retrieval."""
+
+        name: ClassVar[str] = "chain-fan"
+
+        def __init__(self) -> None:
+            super().__init__(task="short")
+            self.steps = [dspy.Predict("question, previous -> answer") for _ in range(calls)]
+            self.judge = dspy.Predict("question, item -> verdict")
+
+        async def aforward(self, question: str) -> dspy.Prediction:
+            ledger = self.start(question)
+            answer = ""
+            for i, step in enumerate(self.steps):
+                prediction = await self.acall_stage(
+                    ledger, f"step{i}", step, question=question, previous=answer
+                )
+                answer = prediction.answer
+                if i == 0 and fanout:
+                    await concurrently(
+                        lambda item: self.acall_stage(
+                            ledger, "judge", self.judge, question=question, item=item
+                        ),
+                        [f"item {j}" for j in range(fanout)],
+                    )
+            return self.finish(ledger, answer, [])
+
+    return ChainFan()
+
+
+def _peak_threads(stop: threading.Event, peak: list[int]) -> None:
+    while not stop.wait(0.05):
+        peak[0] = max(peak[0], threading.active_count())
+
+
+def run_one(args: argparse.Namespace) -> dict[str, Any]:
+    """One engine at one concurrency, in this (fresh) process."""
+    import resource
+
+    import dspy
+
+    from ragsuite.evaluate import evaluate
+    from ragsuite.lm import build_lm
+
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+    if args.max_connections:
+        from dspy.clients.execution import RouterConfig
+
+        RouterConfig.__init__.__kwdefaults__["max_connections"] = args.max_connections
+    examples = [
+        dspy.Example(id=f"q{i}", question=f"Question number {i}?", answers=["ok"]).with_inputs("question")
+        for i in range(args.concurrency * args.per_slot)
+    ]
+    lm = build_lm("openai/scripted", api_base=args.api_base, cache=False, retries=0, timeout=120)
+    program = _program(args.calls, args.fanout)
+    with dspy.context(lm=lm):  # warm up: connections, imports, adapters (both paths)
+        evaluate(program, examples[:4], dataset="hotpotqa", threads=4, engine=args.engine, progress=False)
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = [threading.active_count()]
+    stop = threading.Event()
+    sampler = threading.Thread(target=_peak_threads, args=(stop, peak), daemon=True)
+    sampler.start()
+    with tempfile.TemporaryDirectory() as out, dspy.context(lm=lm):
+        started, cpu_started = time.perf_counter(), time.process_time()
+        result = evaluate(
+            program,
+            examples,
+            dataset="hotpotqa",
+            threads=args.concurrency,
+            engine=args.engine,
+            out_dir=out,
+            progress=False,
+        )
+        wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
+    stop.set()
+    sampler.join()
+    if result.errors:
+        raise SystemExit(f"{result.errors} examples failed: {result.records[0]['error']}")
+    requests = sum(r["tokens"]["requests"] for r in result.records)
+    expected = len(examples) * (args.calls + args.fanout)
+    if requests != expected:
+        raise SystemExit(f"{requests} LM requests, expected {expected}")
+    path = args.calls + (1 if args.fanout else 0)
+    ideal = len(examples) / args.concurrency * path * args.latency
+    return {
+        "engine": args.engine,
+        "concurrency": args.concurrency,
+        "questions": len(examples),
+        "requests": requests,
+        "ideal": ideal,
+        "wall": wall,
+        "cpu_per_call_ms": 1000 * cpu / requests,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "base_rss_mib": base_rss / 1024,
+        "threads": peak[0],
+        "question_s": sum(r["latency_s"] for r in result.records) / len(result.records),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--latency", type=float, default=1.0, help="seconds per LM call (default 1.0)")
+    parser.add_argument("--calls", type=int, default=2, help="sequential LM calls per question (default 2)")
+    parser.add_argument("--fanout", type=int, default=3, help="concurrent LM calls per question (default 3)")
+    parser.add_argument("--per-slot", type=int, default=2, help="questions per concurrent slot (default 2)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--engines", nargs="+", default=["threads", "async"], choices=["threads", "async"])
+    parser.add_argument(
+        "--max-connections", type=int, help="the LM client's connection pool (default: DSPy's, 100)"
+    )
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--api-base", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        args.concurrency = args.concurrency[0]
+        print(json.dumps(run_one(args)))
+        return 0
+
+    ctx = multiprocessing.get_context("spawn")
+    queue, stop, done = ctx.Queue(), ctx.Event(), ctx.Queue()
+    server = ctx.Process(target=_serve, args=(args.latency, queue, stop, done), daemon=True)
+    server.start()
+    rows = []
+    try:
+        api_base = queue.get(timeout=60)
+        for concurrency in args.concurrency:
+            for engine in args.engines:  # side by side: the engines alternate at each concurrency
+                command = [
+                    sys.executable, __file__, "--one", "--engine", engine, "--api-base", api_base,
+                    "--concurrency", str(concurrency), "--latency", str(args.latency), "--calls",
+                    str(args.calls), "--fanout", str(args.fanout), "--per-slot", str(args.per_slot),
+                    *(["--max-connections", str(args.max_connections)] if args.max_connections else []),
+                ]  # fmt: skip
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                }
+                child = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+                if child.returncode != 0:
+                    raise SystemExit(f"{engine} at {concurrency} failed:\n{child.stderr[-3000:]}")
+                rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    finally:
+        stop.set()
+        server.join(timeout=30)
+    print(
+        f"latency {1000 * args.latency:.0f} ms/LM call; per question {args.calls} sequential + {args.fanout} "
+        f"concurrent LM calls; {args.per_slot} questions per slot; LM client connections: "
+        f"{args.max_connections or 'DSPy default (100)'}; cpus={os.cpu_count()}"
+    )
+    print(
+        "| engine | concurrent questions | questions | LM calls | ideal (s) | actual (s) | efficiency "
+        "| s / question | CPU / LM call (ms) | peak RSS (MiB) | base RSS (MiB) | peak threads |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['engine']} | {row['concurrency']} | {row['questions']} | {row['requests']} "
+            f"| {row['ideal']:.2f} | {row['wall']:.2f} | {row['ideal'] / row['wall']:.2f} "
+            f"| {row['question_s']:.2f} | {row['cpu_per_call_ms']:.2f} | {row['peak_rss_mib']:.0f} "
+            f"| {row['base_rss_mib']:.0f} | {row['threads']} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
