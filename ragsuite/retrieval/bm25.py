@@ -541,11 +541,13 @@ class BM25Retriever:
         results: list[list[Passage]] = [[] for _ in all_ids]
         scored = [i for i, ids in enumerate(all_ids) if ids]  # no indexed term: matches nothing
         workers = (os.cpu_count() or 1) if bm25_kernel.kernel_name() == "numba" else 1
-        # The compiled kernel releases the GIL: one thread per CPU scores its share of the queries.
-        shares = [scored[i::workers] for i in range(min(workers, len(scored)))]
+        # The compiled kernel releases the GIL: a thread per CPU takes chunks of queries as it frees up (small
+        # chunks, so a thread slowed by other processes does not hold the batch back).
+        size = max(1, min(32, -(-len(scored) // (4 * workers))))
+        shares = [scored[i : i + size] for i in range(0, len(scored), size)]
         try:
-            if len(shares) > 1:
-                with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+            if workers > 1 and len(shares) > 1:
+                with ThreadPoolExecutor(max_workers=workers) as pool:
                     done = list(
                         pool.map(lambda s: self._search_many([all_ids[i] for i in s], int(k)), shares)
                     )
