@@ -15,6 +15,7 @@ import pytest
 
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
+from ragsuite.errors import install_hint
 from ragsuite.testing.openai_server import LocalOpenAIServer
 from ragsuite.testing.responders import grounded_responder
 
@@ -26,7 +27,7 @@ BASIC = base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
 @pytest.fixture(scope="module")
 def empty_store(tmp_path_factory) -> Path:
     """An empty SQLite MLflow store, made once: creating its tables takes MLflow several seconds."""
-    mlflow = pytest.importorskip("mlflow")
+    mlflow = pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     mlflow.MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
     return path
@@ -80,7 +81,7 @@ def _traces(client, run) -> list:
 def test_eval_logs_params_metrics_run_dir_and_a_trace_per_question(
     tmp_path, monkeypatch, capsys, empty_store
 ):
-    pytest.importorskip("mlflow")
+    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
     uri = _tracking_store(tmp_path, monkeypatch, empty_store)
     gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
     out = tmp_path / "run"
@@ -137,7 +138,7 @@ def _responder(request):
 
 @pytest.mark.slow
 def test_compile_logs_scores_options_and_the_program_file_with_traces(tmp_path, monkeypatch, empty_store):
-    pytest.importorskip("mlflow")
+    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
     uri = _tracking_store(tmp_path, monkeypatch, empty_store)
     data = _tiny_dataset(tmp_path / "data")
     out = tmp_path / "compiled.json"
@@ -161,15 +162,19 @@ def test_compile_logs_scores_options_and_the_program_file_with_traces(tmp_path, 
     assert run.data.tags["ragsuite.out"] == str(out.resolve())
     assert run.data.tags["ragsuite.gepa_log_dir"] == str((tmp_path / "compiled.gepa").resolve())
     assert {a.path for a in client.list_artifacts(run.info.run_id, "program")} == {"program/compiled.json"}
-    # DSPy autologging: the compile's own record (the best program's state) and traces of its LM calls.
+    # DSPy autologging: the compile's own record (the best program's state), GEPA's full evaluations as
+    # nested runs (each with the LM's settings, headers left out) and traces of its LM calls.
     assert "best_model.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id]
+    assert nested and all("openai/scripted" in r.data.params["lm_params"] for r in nested)
+    assert all("eval" in r.data.metrics for r in nested)
     assert any(s.span_type == "CHAT_MODEL" for t in _traces(client, run) for s in t.data.spans)
     _assert_no_secret_anywhere(tmp_path, runs)
 
 
 @pytest.mark.slow
 def test_tune_logs_every_trial_and_the_written_one(tmp_path, monkeypatch, empty_store):
-    pytest.importorskip("mlflow")
+    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
     uri = _tracking_store(tmp_path, monkeypatch, empty_store)
     gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
     out = tmp_path / "tune"
@@ -206,12 +211,13 @@ def test_mlflow_without_the_extra_names_the_install_command(tmp_path, monkeypatc
     for argv in commands:
         assert main([*argv, str(tmp_path / argv[0]), "--mlflow", *lm]) == 2, argv[0]
         err = capsys.readouterr().err
-        assert "--mlflow needs MLflow" in err and "pip install -e '.[mlflow]'" in err, argv[0]
+        assert "--mlflow needs MLflow" in err and install_hint("mlflow") in err, argv[0]
+        assert "[mlflow]" in install_hint("mlflow")
     assert not list(tmp_path.iterdir())  # refused before anything ran or was written
 
 
 def test_a_file_store_uri_is_refused_with_the_sqlite_form(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("mlflow")
+    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
     with LocalOpenAIServer(grounded_responder(gold)) as server:

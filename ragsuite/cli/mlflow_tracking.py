@@ -32,11 +32,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ragsuite.errors import ConfigError, RagsuiteError
+from ragsuite.errors import ConfigError, RagsuiteError, install_hint
 
 log = logging.getLogger("ragsuite.cli.mlflow")
 
-INSTALL_HINT = "pip install -e '.[mlflow]'"
 DEFAULT_EXPERIMENT = "ragsuite"
 #: MLflow's limit on a parameter's value.
 MAX_PARAM_CHARS = 6000
@@ -58,7 +57,7 @@ def add_mlflow_argument(parser: argparse.ArgumentParser) -> None:
         metavar="URI",
         help="log this run to MLflow with DSPy autologging (traces of every LM call, params, knobs, "
         "metrics); URI defaults to $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here; "
-        f"needs {INSTALL_HINT}",
+        f"needs {install_hint('mlflow')}",
     )
 
 
@@ -68,7 +67,7 @@ def require_mlflow() -> Any:
         import mlflow
         import mlflow.dspy  # the DSPy flavor: autologging
     except ImportError as exc:
-        raise ConfigError(f"--mlflow needs MLflow ({exc}); install it with {INSTALL_HINT}") from exc
+        raise ConfigError(f"--mlflow needs MLflow ({exc}); install it with {install_hint('mlflow')}") from exc
     return mlflow
 
 
@@ -158,7 +157,7 @@ def _hide_lm_headers() -> None:
     if not isinstance(excluded, set):
         raise ConfigError(
             "this MLflow version's DSPy integration cannot be told to drop LM headers; install the "
-            f"version the extra pins with {INSTALL_HINT}"
+            f"version the extra pins with {install_hint('mlflow')}"
         )
     excluded.update(_LM_SECRET_SETTINGS)
 
@@ -226,7 +225,6 @@ def lm_params(lm_public: Mapping[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
-    "INSTALL_HINT",
     "MlflowRun",
     "add_mlflow_argument",
     "flatten",
