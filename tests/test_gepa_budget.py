@@ -198,6 +198,10 @@ def test_log_dir_resumes_the_same_run_and_refuses_another(tmp_path):
 
     with pytest.raises(ConfigError, match="another trainset; delete that folder"):
         run(examples[1:4], toys.scripted_lm())
+    other_model = toys.scripted_lm()
+    other_model.model = "openai/another-model"
+    with pytest.raises(ConfigError, match="another lm, reflection_lm;"):  # the scores there are another LM's
+        run(examples[:4], other_model)
 
 
 def test_a_log_dir_with_an_unrecorded_gepa_run_is_refused(tmp_path):

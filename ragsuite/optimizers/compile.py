@@ -231,7 +231,12 @@ def _gepa_run_description(
         if isinstance(value, (str, int, float, bool, type(None)))
         and key not in {"max_metric_calls", "max_full_evals", "auto", "num_threads", "log_dir"}
     }
+    selector = options.get("component_selector")
+    kept["component_selector"] = getattr(selector, "mode", selector if isinstance(selector, str) else None)
+    reflection = options.get("reflection_lm")
     return {
+        "lm": getattr(dspy.settings.lm, "model", None),
+        "reflection_lm": getattr(reflection, "model", None),
         "program": program.name,
         "knobs": digest(program.knobs()),
         "instructions": digest({n: p.signature.instructions for n, p in program.named_predictors()}),
@@ -328,7 +333,7 @@ def compile_program(
     ran (:func:`predictors_run_on`): a predictor no train example reaches has no trace to reflect on. The
     others keep their instructions (logged). With ``log_dir`` GEPA keeps its state there, and the same call
     after a kill resumes it; a log_dir holding a run of another program, knobs, instructions, trainset,
-    valset, metric or seed is refused.
+    valset, dataset, seed, option, student or reflection LM model is refused.
 
     Returns:
         The compiled program; its ``optimization`` dict (saved as the file's metadata) names the optimizer.
