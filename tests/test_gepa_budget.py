@@ -167,23 +167,30 @@ def test_log_dir_resumes_the_same_run_and_refuses_another(tmp_path):
     examples = toys.examples()
     log_dir = tmp_path / "gepa"
 
-    def run(train, lm):
+    def run(train, lm, budget=40):
         with dspy.context(lm=lm):
             return compile_program(
                 _program(top_k=5, max_step=1),
                 train,
                 examples[4:],
                 optimizer="gepa",
-                metric=toys.exact,
+                metric=_half,
                 reflection_lm=lm,
-                max_metric_calls=40,
+                max_metric_calls=budget,
                 threads=1,
                 log_dir=log_dir,
             )
 
+    def state():
+        from gepa.core.state import GEPAState
+
+        return GEPAState.load(str(log_dir))
+
     first_lm = toys.scripted_lm()
     first = run(examples[:4], first_lm)
     assert (log_dir / "gepa_state.bin").is_file()
+    first_trace = state().full_program_trace
+    assert 40 <= state().total_num_evals < 60
     recorded = json.loads((log_dir / GEPA_RUN_FILE).read_text())
     assert recorded["program"] == "toy-idle" and recorded["seed"] == 0
     assert any("new_instruction" in r.output_fields for r in first_lm.requests)
@@ -195,6 +202,12 @@ def test_log_dir_resumes_the_same_run_and_refuses_another(tmp_path):
     assert {n: p.signature.instructions for n, p in again.named_predictors()} == {
         n: p.signature.instructions for n, p in first.named_predictors()
     }
+
+    # A larger budget (a budget is no part of what must match) carries on from the saved state.
+    run(examples[:4], toys.scripted_lm(), budget=80)
+    resumed_trace = state().full_program_trace
+    assert state().total_num_evals >= 80 and len(resumed_trace) > len(first_trace)
+    assert resumed_trace[: len(first_trace)] == first_trace  # the first run's iterations, kept
 
     with pytest.raises(ConfigError, match="another trainset; delete that folder"):
         run(examples[1:4], toys.scripted_lm())
