@@ -13,7 +13,7 @@ GEPA's budget defaults to 15 metric calls (scored program runs) per train + val 
 (``--max-metric-calls`` overrides it). GEPA is offered only the predictors that ran when the program was
 run once over the train slice (the others keep their instructions; they are listed on stderr). GEPA keeps its
 state in OUT's folder as OUT_STEM.gepa/ (``--option log_dir=DIR`` moves it): after a kill, the same command
-resumes; one with another program, knobs, slices, seed or options is refused.
+resumes; one with another program, knobs, slices, seed, options or LM model is refused.
 
 Example:
     ragsuite compile --program vanilla --dataset hotpotqa --optimizer mipro --lm openai/gpt-4o-mini \\
