@@ -159,6 +159,14 @@ class EndpointLM(dspy.LM):
         with _scoped(self.cache_scope, self.max_retry_wait):
             return await super().acall(prompt, messages=messages, **kwargs)
 
+    def dump_state(self) -> dict[str, Any]:
+        """DSPy's LM state without ``extra_headers``, which hold a server's basic auth (``user:password@``
+        in ``--api-base``): DSPy leaves out ``api_key`` for the same reason, and tools that save a program's
+        state (MLflow's DSPy autologging) must not write the password."""
+        state = super().dump_state()
+        state.pop("extra_headers", None)
+        return state
+
     def update_history(self, entry: dict[str, Any]) -> None:
         super().update_history(entry)
         if entry.get("usage"):

@@ -9,6 +9,12 @@ MuSiQue: "unknown" contains gold "no", which an optimizer would learn to exploit
 primary metric. The before/after scores count a failed question as 0; when no question could be scored,
 the command stops with an error (exit 2).
 
+GEPA's budget defaults to 15 metric calls (scored program runs) per train + val example, 450 for 10 + 20
+(``--max-metric-calls`` overrides it). GEPA is offered only the predictors that ran when the program was
+run once over the train slice (the others keep their instructions; they are listed on stderr). GEPA keeps its
+state in OUT's folder as OUT_STEM.gepa/ (``--option log_dir=DIR`` moves it): after a kill, the same command
+resumes; one with another program, knobs, slices, seed, options or LM model is refused.
+
 Example:
     ragsuite compile --program vanilla --dataset hotpotqa --optimizer mipro --lm openai/gpt-4o-mini \\
         --train 20 --val 30 --out vanilla-mipro.json
@@ -26,6 +32,10 @@ from ragsuite.cli.help_text import add_stage_argument, plain, program_choices, p
 from ragsuite.errors import ConfigError, RagsuiteError
 
 log = logging.getLogger("ragsuite.cli.compile")
+
+#: GEPA's default budget per train + val example (as ``ragsuite.optimizers.compile.GEPA_CALLS_PER_EXAMPLE``,
+#: which a test checks; kept here so that ``--help`` does not import DSPy).
+GEPA_CALLS_PER_EXAMPLE = 15
 
 OPTIMIZER_HELP = (
     "bootstrap (BootstrapFewShot) | bootstrap-rs (random search over bootstrapped demo sets) | "
@@ -100,8 +110,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="optimizer option (repeatable; JSON values), e.g. --option max_metric_calls=200 "
         "--option num_candidate_programs=4",
     )
+    parser.add_argument(
+        "--max-metric-calls",
+        type=int,
+        metavar="N",
+        help="GEPA's budget in metric calls, each one scored program run (default "
+        f"{GEPA_CALLS_PER_EXAMPLE} x (train + val): 450 for 10 + 20)",
+    )
     parser.add_argument("--no-eval", action="store_true", help="skip scoring before/after on the val slice")
     parser.add_argument("--out", required=True, type=Path, help="program file to write (JSON)")
+    from ragsuite.cli.mlflow_tracking import add_mlflow_argument
+
+    add_mlflow_argument(parser)
     add_lm_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -121,6 +141,36 @@ def parse_options(items: list[str]) -> dict[str, Any]:
             options[key.strip()] = json.loads(raw)
         except ValueError:
             options[key.strip()] = raw
+    return options
+
+
+def gepa_log_dir(out: Path) -> Path:
+    """Where ``compile --out OUT`` keeps GEPA's state: ``OUT_STEM.gepa/`` beside the program file."""
+    return out.with_name(f"{out.stem}.gepa")
+
+
+def gepa_options(
+    args: argparse.Namespace, options: dict[str, Any], *, train: int, val: int
+) -> dict[str, Any]:
+    """``options`` with GEPA's budget (``--max-metric-calls``, else the default) and log directory."""
+    from ragsuite.optimizers.compile import gepa_budget
+
+    if args.optimizer != "gepa":
+        if args.max_metric_calls is not None:
+            raise ConfigError("--max-metric-calls is GEPA's budget; it needs --optimizer gepa")
+        return options
+    options = dict(options)
+    budgets = {"max_metric_calls", "max_full_evals", "auto"} & set(options)
+    if args.max_metric_calls is not None:
+        if budgets:
+            given = sorted(budgets)[0]
+            raise ConfigError(f"give either --max-metric-calls or --option {given}=..., not both")
+        if args.max_metric_calls < 1:
+            raise ConfigError("--max-metric-calls must be >= 1")
+        options["max_metric_calls"] = args.max_metric_calls
+    elif not budgets:
+        options["max_metric_calls"] = gepa_budget(train, val)
+    options.setdefault("log_dir", str(gepa_log_dir(args.out)))
     return options
 
 
@@ -162,11 +212,13 @@ def build_teacher(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Compile; with ``--mlflow`` the compile is one MLflow run (see :mod:`ragsuite.cli.mlflow_tracking`)."""
     import dspy
 
     from ragsuite import programs
     from ragsuite.cli.data_args import answer_style, holdout_metadata
     from ragsuite.cli.eval import build_lms, parse_knob_settings
+    from ragsuite.cli.mlflow_tracking import mlflow_run, numeric_metrics, require_mlflow
     from ragsuite.data.datasets import get_dataset_info
     from ragsuite.lm import set_stage_lms
     from ragsuite.optimizers import compile_program, optimization_metric, save_program
@@ -175,11 +227,14 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--train must be >= 1")
     if args.threads < 1:
         raise ConfigError("--threads must be >= 1")
+    if args.mlflow is not None:
+        require_mlflow()
     info = get_dataset_info(answer_style(args))
     cls = programs.get(args.program)
     knobs = parse_knob_settings(args.set, cls.KNOBS, args.program)
     options = parse_options(args.option)
     trainset, valset = load_splits(args, train=args.train)
+    options = gepa_options(args, options, train=len(trainset), val=len(valset))
     main_lm, stage_lms, lm_public = build_lms(args)
     teacher = build_teacher(args)
     stages = program_stages(args, cls)
@@ -196,35 +251,52 @@ def run(args: argparse.Namespace) -> int:
         "metrics": metrics,
         **holdout_metadata(args, train=trainset, val=valset),
     }
-    with dspy.context(lm=main_lm):
-        if not args.no_eval and valset:
-            metrics["baseline"] = _score(
-                program, valset, args, metric=metric, label="the program before compiling"
-            )
-        compiled = compile_program(
-            program,
-            trainset,
-            valset or None,
-            optimizer=args.optimizer,
-            dataset=info.name,
-            teacher_lm=teacher,
-            threads=args.threads,
-            seed=args.seed,
-            **options,
-        )
-        if not args.no_eval and valset:
-            try:
-                metrics["compiled"] = _score(
-                    compiled, valset, args, metric=metric, label="the compiled program"
+    run_name = f"compile {args.program} {args.optimizer} {info.name}"
+    with mlflow_run(args.mlflow, run_name=run_name, command="compile") as tracking:
+        if tracking is not None:
+            tracking.log_params(_run_params(args, program, lm_public, options, info.name, trainset, valset))
+            tags = {"ragsuite.out": str(args.out.resolve())}
+            if options.get("log_dir"):
+                tags["ragsuite.gepa_log_dir"] = str(Path(options["log_dir"]).resolve())
+            tracking.set_tags(tags)
+        with dspy.context(lm=main_lm):
+            if not args.no_eval and valset:
+                metrics["baseline"] = _score(
+                    program, valset, args, metric=metric, label="the program before compiling"
                 )
-            except RagsuiteError:
-                # The compile is paid for: keep it, then report that it could not be scored.
-                save_program(compiled, args.out, metadata=metadata)
-                log.error("the compiled program was saved to %s unscored", args.out)
-                raise
-    path = save_program(compiled, args.out, metadata=metadata)
-    predictors = compiled.named_predictors()
-    demos = sum(len(p.demos) for _, p in predictors)
+            compiled = compile_program(
+                program,
+                trainset,
+                valset or None,
+                optimizer=args.optimizer,
+                dataset=info.name,
+                teacher_lm=teacher,
+                threads=args.threads,
+                seed=args.seed,
+                **options,
+            )
+            if not args.no_eval and valset:
+                try:
+                    metrics["compiled"] = _score(
+                        compiled, valset, args, metric=metric, label="the compiled program"
+                    )
+                except RagsuiteError:
+                    # The compile is paid for: keep it, then report that it could not be scored.
+                    save_program(compiled, args.out, metadata=metadata)
+                    log.error("the compiled program was saved to %s unscored", args.out)
+                    raise
+        path = save_program(compiled, args.out, metadata=metadata)
+        predictors = compiled.named_predictors()
+        demos = sum(len(p.demos) for _, p in predictors)
+        if tracking is not None:
+            scores = {
+                label: {key: scored[key] for key in ("score", "metrics", "cost", "n", "errors")}
+                for label, scored in metrics.items()
+            }
+            tracking.log_metrics(
+                {**numeric_metrics(scores), "demos": float(demos), "predictors": float(len(predictors))}
+            )
+            tracking.log_artifact(path, artifact_path="program")
     print(
         f"compiled {args.program} with {args.optimizer} on {len(trainset)} train examples: "
         f"{demos} demos across {len(predictors)} predictors"
@@ -235,7 +307,39 @@ def run(args: argparse.Namespace) -> int:
             failed = f", {scored['errors']} failed (scored 0)" if scored["errors"] else ""
             print(f"  {label:9s} {metric} on {len(valset)} val examples: {100 * scored['score']:.1f}{failed}")
     print(f"program file: {path}")
+    if options.get("log_dir"):
+        print(f"GEPA log: {options['log_dir']} (the same command resumes from it)")
     return 0
+
+
+def _run_params(
+    args: argparse.Namespace,
+    program: Any,
+    lm_public: dict[str, Any],
+    options: dict[str, Any],
+    dataset: str,
+    trainset: list[Any],
+    valset: list[Any],
+) -> dict[str, Any]:
+    """The compile's parameters for MLflow (LM endpoints without credentials; knobs, options as groups)."""
+    from ragsuite.cli.mlflow_tracking import lm_params
+    from ragsuite.lm import redact
+
+    return {
+        "program": args.program,
+        "optimizer": args.optimizer,
+        "dataset": dataset,
+        "train": len(trainset),
+        "val": len(valset),
+        "split_seed": args.split_seed,
+        "seed": args.seed,
+        "threads": args.threads,
+        "retriever": args.retriever,
+        **lm_params(lm_public),
+        "teacher_lm": redact(args.teacher_lm.partition("@")[0]) if args.teacher_lm else None,
+        "knob": program.knobs(),
+        "option": options,
+    }
 
 
 def _score(

@@ -116,6 +116,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", required=True, type=Path, help="run directory (created; reused to resume)")
     parser.add_argument("--html", type=Path, metavar="OUT.html", help="also write the run's HTML report")
+    from ragsuite.cli.mlflow_tracking import add_mlflow_argument
+
+    add_mlflow_argument(parser)
     add_lm_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -315,6 +318,41 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, on_term)
 
 
+def _run_params(manifest: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The run's parameters for MLflow: the manifest's settings (LMs with endpoints stripped of credentials,
+    knobs as ``knob.NAME``), without package versions and example lists."""
+    from ragsuite.cli.mlflow_tracking import lm_params
+
+    kept = ("program", "program_file", "dataset", "split", "seed", "limit", "n_examples", "examples_sha256")
+    return {
+        **{key: manifest.get(key) for key in kept},
+        **lm_params(manifest),
+        "knob": manifest.get("knobs") or {},
+        "retriever": (manifest.get("retriever") or {}).get("spec"),
+        "threads": args.threads,
+        "ragsuite_version": manifest.get("ragsuite_version"),
+    }
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """A run summary's numbers as MLflow metrics: each dataset metric under its name, ``retrieval_recall``,
+    ``cost.*`` (per question), ``n``, ``errors``, ``total`` and ``fallback_share``. A figure that does not
+    exist (no scored question) is left out, never logged as 0."""
+    from ragsuite.cli.mlflow_tracking import numeric_metrics
+
+    return numeric_metrics(
+        {
+            **(summary.get("metrics") or {}),
+            "retrieval_recall": summary.get("retrieval_recall"),
+            "cost": summary.get("cost") or {},
+            "n": summary.get("n"),
+            "errors": summary.get("errors"),
+            "total": summary.get("total"),
+            "fallback_share": summary.get("fallback_share"),
+        }
+    )
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated()
 
@@ -338,6 +376,10 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--threads must be >= 1")
     if args.limit is not None and args.limit < 1:
         raise ConfigError("--limit must be >= 1")
+    if args.mlflow is not None:
+        from ragsuite.cli.mlflow_tracking import require_mlflow
+
+        require_mlflow()
     style = answer_style(args)
     info = get_dataset_info(style)
     examples = examples_from_args(args)
@@ -369,26 +411,36 @@ def _run(args: argparse.Namespace) -> int:
         "ragsuite_version": __version__,
         "git": git_revision(),
     }
-    try:
-        with dspy.context(lm=main_lm):
-            result = evaluate(
-                program,
-                examples,
-                dataset=style,
-                threads=args.threads,
-                engine=args.engine,
-                out_dir=args.out,
-                progress=show_progress(args),
-                max_errors=args.max_errors,
-                manifest=manifest,
+    from ragsuite.cli.mlflow_tracking import mlflow_run
+
+    with mlflow_run(args.mlflow, run_name=f"eval {program.name} {style}", command="eval") as tracking:
+        if tracking is not None:
+            tracking.log_params(_run_params(manifest, args))
+            tracking.set_tags({"ragsuite.out": str(args.out.resolve())})
+        try:
+            with dspy.context(lm=main_lm):
+                result = evaluate(
+                    program,
+                    examples,
+                    dataset=style,
+                    threads=args.threads,
+                    engine=args.engine,
+                    out_dir=args.out,
+                    progress=show_progress(args),
+                    max_errors=args.max_errors,
+                    manifest=manifest,
+                )
+        except KeyboardInterrupt:
+            print(
+                f"stopped: the finished examples are kept in {args.out / 'records.jsonl'} and summarized in "
+                f"{args.out / 'summary.json'}; rerun the same command to finish the run",
+                file=sys.stderr,
             )
-    except KeyboardInterrupt:
-        print(
-            f"stopped: the finished examples are kept in {args.out / 'records.jsonl'} and summarized in "
-            f"{args.out / 'summary.json'}; rerun the same command to finish the run",
-            file=sys.stderr,
-        )
-        raise
+            raise
+        if tracking is not None:
+            tracking.log_metrics(summary_metrics(result.summary))
+            for name in ("summary.json", "manifest.json"):
+                tracking.log_artifact(args.out / name, artifact_path="run")
     from ragsuite.evaluate import format_table
 
     print(format_table([result.summary]))

@@ -73,6 +73,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--compile-each", action="store_true", help="compile inside every trial (costly)")
     parser.add_argument("--pick", type=int, metavar="TRIAL", help="write this trial instead of the best")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
+    from ragsuite.cli.mlflow_tracking import add_mlflow_argument
+
+    add_mlflow_argument(parser)
     add_lm_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from ragsuite.cli.compile import build_retriever_for, build_teacher, load_splits, program_stages
     from ragsuite.cli.data_args import answer_style, holdout_metadata, show_progress
     from ragsuite.cli.eval import build_lms
+    from ragsuite.cli.mlflow_tracking import mlflow_run, require_mlflow
     from ragsuite.files import lock_directory
     from ragsuite.optimizers import save_program, tune
     from ragsuite.programs.program_file import read_program_file
@@ -90,13 +94,22 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--threads must be >= 1")
     if args.val < 1:
         raise ConfigError("--val must be >= 1")
+    if args.mlflow is not None:
+        require_mlflow()
     cls = programs.get(args.program)
     objectives = tuple(o.strip() for o in args.objectives.split(",") if o.strip())
     trainset, valset = load_splits(args, train=args.train)
-    main_lm, stage_lms, _ = build_lms(args)
+    main_lm, stage_lms, lm_public = build_lms(args)
     program_kwargs: dict[str, Any] = program_stages(args, cls)
+    run_name = f"tune {args.program} {answer_style(args)}"
     # One tune per output directory: two would overwrite each other's best.json and pareto files.
-    with lock_directory(args.out):
+    with (
+        lock_directory(args.out),
+        mlflow_run(args.mlflow, run_name=run_name, command="tune") as tracking,
+    ):
+        if tracking is not None:
+            tracking.log_params(_run_params(args, objectives, lm_public, trainset, valset))
+            tracking.set_tags({"ragsuite.out": str(args.out.resolve())})
         result = tune(
             cls,
             dataset=answer_style(args),
@@ -129,10 +142,60 @@ def run(args: argparse.Namespace) -> int:
             holdout = holdout_metadata(args, train=trainset if args.compile else [], val=valset)
             saved = read_program_file(result.files["program"]).get("metadata") or {}
             save_program(result.program, result.files["program"], metadata={**saved, **holdout})
+        if tracking is not None:
+            _log_study(tracking, result)
     print(format_front(result))
     for label, path in result.files.items():
         print(f"{label}: {path}")
     return 0
+
+
+def _run_params(
+    args: argparse.Namespace,
+    objectives: tuple[str, ...],
+    lm_public: dict[str, Any],
+    trainset: list[Any],
+    valset: list[Any],
+) -> dict[str, Any]:
+    """The tune's parameters for MLflow (LM endpoints without credentials)."""
+    from ragsuite.cli.data_args import answer_style
+    from ragsuite.cli.mlflow_tracking import lm_params
+
+    return {
+        "program": args.program,
+        "dataset": answer_style(args),
+        "trials": args.trials,
+        "objectives": ",".join(objectives),
+        "quality_metric": args.quality_metric,
+        "sampler": args.sampler,
+        "prune": args.prune,
+        "study": args.study,
+        "train": len(trainset) if args.compile else None,
+        "val": len(valset),
+        "split_seed": args.split_seed,
+        "seed": args.seed,
+        "threads": args.threads,
+        "retriever": args.retriever,
+        "compile": args.compile,
+        "compile_each": args.compile_each,
+        **lm_params(lm_public),
+    }
+
+
+def _log_study(tracking: Any, result: Any) -> None:
+    """Each complete trial's objectives as ``trial.NAME`` at step = trial number; the written trial's knobs
+    as ``knob.NAME`` and its scores as ``written.NAME``; the study's files as artifacts."""
+    objectives = list(result.objectives)
+    for trial in result.study.trials:
+        if trial.state.name == "COMPLETE" and trial.values is not None:
+            values = dict(zip(objectives, trial.values, strict=False))
+            tracking.log_metrics({f"trial.{k}": float(v) for k, v in values.items()}, step=trial.number)
+    tracking.log_params({"written_trial": result.trial.number, "knob": result.knobs})
+    written = result.saved_values if result.saved_values is not None else result.trial.values
+    if written is not None:
+        tracking.log_metrics({f"written.{k}": float(v) for k, v in zip(objectives, written, strict=False)})
+    for path in result.files.values():
+        tracking.log_artifact(path, artifact_path="study")
 
 
 def format_front(result: Any) -> str:

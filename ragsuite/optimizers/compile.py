@@ -11,10 +11,14 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import logging
+import os
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import dspy
@@ -29,6 +33,15 @@ log = logging.getLogger("ragsuite.optimizers.compile")
 
 Optimizer = Literal["bootstrap", "bootstrap-rs", "mipro", "gepa", "simba"]
 OPTIMIZERS: tuple[str, ...] = ("bootstrap", "bootstrap-rs", "mipro", "gepa", "simba")
+
+#: GEPA's default budget, in metric calls (one scored program run each) per train + val example. A GEPA
+#: iteration scores a reflection minibatch (3 examples) before and after its proposal, and the whole val slice
+#: when the proposal wins; 15 per example gives about 25-60 proposals on 10 train + 20 val examples (450
+#: calls), where DSPy's ``auto="light"`` asks for ~4,000 calls on a 10-predictor program.
+GEPA_CALLS_PER_EXAMPLE = 15
+
+#: The file in a GEPA log directory that records what the run there was started with.
+GEPA_RUN_FILE = "ragsuite-gepa.json"
 
 
 def split_dev(
@@ -95,6 +108,187 @@ def _teacher_settings(teacher_lm: Any) -> dict[str, Any] | None:
     return {"lm": teacher_lm} if teacher_lm is not None else None
 
 
+def gepa_budget(train: int, val: int, *, per_example: int = GEPA_CALLS_PER_EXAMPLE) -> int:
+    """GEPA's default ``max_metric_calls``: ``per_example`` x (``train`` + ``val``).
+
+    Example:
+        >>> gepa_budget(10, 20)
+        450
+    """
+    if train < 1 or val < 0 or per_example < 1:
+        raise ConfigError("gepa_budget needs train >= 1, val >= 0 and per_example >= 1")
+    return per_example * (train + val)
+
+
+def predictors_run_on(
+    program: dspy.Module, examples: Sequence[dspy.Example], *, threads: int = 4
+) -> list[str]:
+    """Names of ``program``'s predictors that ran on at least one of ``examples``, in program order.
+
+    Each example runs once with a DSPy trace (the LM in effect answers; cached replies are reused), the way
+    GEPA traces a minibatch before it reflects. An example whose run fails counts for nothing.
+
+    Raises:
+        ConfigError: when the program fails on every example (the first error is quoted).
+
+    Example:
+        >>> with dspy.context(lm=lm):                                        # doctest: +SKIP
+        ...     predictors_run_on(program, trainset)
+        ['route.predict', 'answer.predict']
+    """
+    from dspy.utils.parallelizer import ParallelExecutor
+
+    names = {id(predictor): name for name, predictor in program.named_predictors()}
+
+    def run(example: dspy.Example) -> tuple[set[str], str | None]:
+        with dspy.context(trace=[]):
+            try:
+                program(**example.inputs())
+            except Exception as exc:  # counted below; one failing example is not the compile's failure
+                return set(), f"{type(exc).__name__}: {exc}"
+            return {names[id(entry[0])] for entry in dspy.settings.trace if id(entry[0]) in names}, None
+
+    executor = ParallelExecutor(num_threads=threads, disable_progress_bar=True, timeout=0)
+    results = executor.execute(run, list(examples))
+    ran: set[str] = set()
+    errors = [error for _, error in results if error]
+    for found, _ in results:
+        ran |= found
+    if errors and len(errors) == len(results):
+        from ragsuite.lm import redact
+
+        raise ConfigError(
+            f"the program failed on all {len(results)} train examples, so GEPA has nothing to reflect on "
+            f"(first error: {redact(errors[0])[:500]}); check the LM (--lm, --api-base) and the retriever"
+        )
+    if errors:
+        log.warning("%d of %d train examples failed in the trace run", len(errors), len(results))
+    return [name for name in names.values() if name in ran]
+
+
+class RanPredictorSelector:
+    """GEPA component selector that offers only the named predictors (those that ran on the trainset).
+
+    ``round_robin`` cycles through them in GEPA's own predictor order, keeping its position in GEPA's state
+    (as GEPA's own round robin does, so a resumed run carries on where it stopped); ``all`` proposes for all
+    of them at once.
+
+    Example:
+        >>> selector = RanPredictorSelector(["answer.predict"])
+        >>> dspy.GEPA(metric=metric, reflection_lm=lm, component_selector=selector)  # doctest: +SKIP
+    """
+
+    def __init__(self, names: Sequence[str], *, mode: Literal["round_robin", "all"] = "round_robin") -> None:
+        if mode not in ("round_robin", "all"):
+            raise ConfigError(f"component_selector must be 'round_robin' or 'all', not {mode!r}")
+        if not names:
+            raise ConfigError("no predictor ran on the trainset, so GEPA has none to propose for")
+        self.names = tuple(names)
+        self.mode = mode
+
+    def __call__(
+        self,
+        state: Any,
+        trajectories: Any,
+        subsample_scores: Any,
+        candidate_idx: int,
+        candidate: dict[str, str],
+    ) -> list[str]:
+        if self.mode == "all":
+            return [name for name in candidate if name in self.names]
+        order = list(state.list_of_named_predictors)
+        positions = state.named_predictor_id_to_update_next_for_program_candidate
+        start = positions[candidate_idx]
+        for step in range(len(order)):
+            pid = (start + step) % len(order)
+            if order[pid] in self.names:
+                positions[candidate_idx] = (pid + 1) % len(order)
+                return [order[pid]]
+        raise ConfigError(f"none of the predictors {', '.join(self.names)} is in GEPA's candidate")
+
+
+def _gepa_run_description(
+    program: RAGProgram,
+    trainset: Sequence[dspy.Example],
+    valset: Sequence[dspy.Example] | None,
+    *,
+    seed: int,
+    options: dict[str, Any],
+    dataset: str | None,
+) -> dict[str, Any]:
+    """What a GEPA run depends on, besides its budget and threads (a resume may change those)."""
+
+    def digest(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def examples(items: Sequence[dspy.Example] | None) -> str:
+        return digest([[item.get("id"), item.get("question")] for item in items or []])
+
+    kept = {
+        key: value
+        for key, value in options.items()
+        if isinstance(value, (str, int, float, bool, type(None)))
+        and key not in {"max_metric_calls", "max_full_evals", "auto", "num_threads", "log_dir"}
+    }
+    selector = options.get("component_selector")
+    kept["component_selector"] = getattr(selector, "mode", selector if isinstance(selector, str) else None)
+    reflection = options.get("reflection_lm")
+    return {
+        "lm": getattr(dspy.settings.lm, "model", None),
+        "reflection_lm": getattr(reflection, "model", None),
+        "program": program.name,
+        "knobs": digest(program.knobs()),
+        "instructions": digest({n: p.signature.instructions for n, p in program.named_predictors()}),
+        "demos": digest({n: len(p.demos) for n, p in program.named_predictors()}),
+        "trainset": examples(trainset),
+        "valset": examples(valset),
+        "dataset": dataset,
+        "seed": seed,
+        "options": digest(kept),
+    }
+
+
+def _check_gepa_log_dir(
+    log_dir: Path,
+    program: RAGProgram,
+    trainset: Sequence[dspy.Example],
+    valset: Sequence[dspy.Example] | None,
+    *,
+    seed: int,
+    options: dict[str, Any],
+    dataset: str | None,
+) -> None:
+    """Record the run in ``log_dir``, or check that the run GEPA will resume there is this one."""
+    description = _gepa_run_description(
+        program, trainset, valset, seed=seed, options=options, dataset=dataset
+    )
+    record = log_dir / GEPA_RUN_FILE
+    if record.is_file():
+        try:
+            saved = json.loads(record.read_text(encoding="utf-8"))
+        except ValueError:
+            saved = {}
+        differs = sorted(k for k in set(description) | set(saved) if description.get(k) != saved.get(k))
+        if differs:
+            raise ConfigError(
+                f"{log_dir} holds a GEPA run started with another {', '.join(differs)}; delete that folder "
+                "to start over, or compile to another --out"
+            )
+        if (log_dir / "gepa_state.bin").is_file():
+            log.warning("resuming the GEPA run in %s", log_dir)
+        return
+    if (log_dir / "gepa_state.bin").is_file():
+        raise ConfigError(
+            f"{log_dir} holds a GEPA run without {GEPA_RUN_FILE}, so it cannot be checked against this "
+            "compile; delete that folder or compile to another --out"
+        )
+    log_dir.mkdir(parents=True, exist_ok=True)
+    partial = record.with_name(record.name + ".tmp")
+    partial.write_text(json.dumps(description, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(partial, record)
+
+
 def compile_program(
     program: RAGProgram,
     trainset: Sequence[dspy.Example],
@@ -120,8 +314,7 @@ def compile_program(
         valset: Examples it selects candidates on (bootstrap-rs, mipro, gepa); defaults to ``trainset``.
         optimizer: ``bootstrap`` (BootstrapFewShot), ``bootstrap-rs`` (BootstrapFewShotWithRandomSearch),
             ``mipro`` (MIPROv2, ``auto="light"`` unless ``num_candidates``/``num_trials`` are given),
-            ``gepa`` (GEPA with textual feedback, ``auto="light"`` unless ``max_metric_calls`` or
-            ``max_full_evals`` is given) or ``simba`` (SIMBA).
+            ``gepa`` (GEPA with textual feedback; see below) or ``simba`` (SIMBA).
         metric: ``metric(example, prediction, trace=None)``; defaults to ``dataset``'s
             :func:`optimization_metric`.
         dataset: Dataset name for the default metric.
@@ -134,11 +327,20 @@ def compile_program(
             ``max_labeled_demos`` defaults to 0: dataset examples carry ``question``/``answers``, not the
             inputs and outputs of each stage, so only bootstrapped (traced) demos fit a stage's prompt.
 
+    GEPA's budget defaults to :data:`GEPA_CALLS_PER_EXAMPLE` x (train + val) metric calls
+    (:func:`gepa_budget`; ``max_metric_calls``, ``max_full_evals`` or ``auto`` override it). Before GEPA
+    starts, the program runs once over the trainset with a trace, and GEPA is offered only the predictors that
+    ran (:func:`predictors_run_on`): a predictor no train example reaches has no trace to reflect on. The
+    others keep their instructions (logged). With ``log_dir`` GEPA keeps its state there, and the same call
+    after a kill resumes it; a log_dir holding a run of another program, knobs, instructions, trainset,
+    valset, dataset, seed, option, student or reflection LM model is refused.
+
     Returns:
         The compiled program; its ``optimization`` dict (saved as the file's metadata) names the optimizer.
 
     Raises:
-        ConfigError: on an unknown optimizer or option, an empty trainset, or GEPA without a reflection LM.
+        ConfigError: on an unknown optimizer or option, an empty trainset, GEPA without a reflection LM,
+            a GEPA ``log_dir`` holding another run, or a program failing on every train example under GEPA.
     """
     from ragsuite.programs.base import RAGProgram
 
@@ -194,10 +396,30 @@ def compile_program(
         if reflection is None and "instruction_proposer" not in init:
             raise ConfigError("GEPA needs a reflection LM: pass reflection_lm= (or --teacher-lm)")
         init.setdefault("reflection_lm", reflection)
-        if not {"max_metric_calls", "max_full_evals"} & set(init):
-            init.setdefault("auto", "light")
+        if not {"max_metric_calls", "max_full_evals", "auto"} & set(init):
+            init["max_metric_calls"] = gepa_budget(len(trainset), len(valset or []))
+            opts = {**opts, "max_metric_calls": init["max_metric_calls"]}  # recorded with the compile
         init.setdefault("num_threads", threads)
         init.setdefault("seed", seed)
+        ran = predictors_run_on(program, trainset, threads=threads)
+        skipped = [name for name, _ in program.named_predictors() if name not in ran]
+        if skipped:
+            log.warning(
+                "GEPA proposes instructions only for the %d predictor(s) that ran on the %d train examples; "
+                "%d never ran and keep their instructions: %s",
+                len(ran),
+                len(trainset),
+                len(skipped),
+                ", ".join(skipped),
+            )
+        selector = init.get("component_selector", "round_robin")
+        if isinstance(selector, str):
+            init["component_selector"] = RanPredictorSelector(ran, mode=selector)  # type: ignore[arg-type]
+        if init.get("log_dir") is not None:
+            init["log_dir"] = str(init["log_dir"])
+            _check_gepa_log_dir(
+                Path(init["log_dir"]), program, trainset, valset, seed=seed, options=init, dataset=dataset
+            )
         gepa_metric = feedback_metric(metric, dataset=dataset)
         compiled = tp.GEPA(metric=gepa_metric, **init).compile(
             program, trainset=trainset, valset=valset, **comp
@@ -226,7 +448,11 @@ def compile_program(
         "trainset_size": len(trainset),
         "valset_size": len(valset) if valset else 0,
         "seed": seed,
-        "options": {k: v for k, v in opts.items() if isinstance(v, (str, int, float, bool, type(None)))},
+        "options": {
+            k: v
+            for k, v in opts.items()
+            if isinstance(v, (str, int, float, bool, type(None))) and k != "log_dir"
+        },
     }
     demos = sum(len(p.demos) for _, p in compiled.named_predictors())
     log.info("compiled %s with %s: %d demos in total", program.name, optimizer, demos)
