@@ -62,15 +62,13 @@ def build_plain_bm25s(corpus: list[Passage], *, cache_dir: Path, backend: str = 
     retriever.index(tokens, show_progress=False)
     ids = np.array([p.id for p in corpus], dtype=object)
 
-    def batch(queries: Sequence[str], k: int) -> list[list[str]]:
+    def batch(queries: Sequence[str], k: int, threads: int = os.cpu_count() or 1) -> list[list[str]]:
         q = bm25s.tokenize(list(queries), stopwords="en", stemmer=stemmer, show_progress=False)
-        docs, _ = retriever.retrieve(
-            q, k=min(k, len(corpus)), show_progress=False, n_threads=os.cpu_count() or 1
-        )
+        docs, _ = retriever.retrieve(q, k=min(k, len(corpus)), show_progress=False, n_threads=threads)
         return [ids[row].tolist() for row in docs]
 
     def one(query: str, k: int) -> list[str]:
-        return batch([query], k)[0]
+        return batch([query], k, threads=0)[0]  # one query: no thread pool
 
     return Column("plain bm25s" if backend == "numpy" else f"plain bm25s {backend}", batch, one)
 
