@@ -276,9 +276,11 @@ class RunStore:
 
     Args:
         out_dir: The directory (created if missing).
+        config_keys: The manifest keys that define the run (resuming with any of them changed is refused).
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], *, config_keys: Sequence[str] = CONFIG_KEYS) -> None:
+        self.config_keys = tuple(config_keys)
         self.dir = Path(out_dir).expanduser()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -301,7 +303,7 @@ class RunStore:
                 old = json.loads(path.read_text(encoding="utf-8"))
             except ValueError as exc:
                 raise DataError(f"{path} is not valid JSON ({exc}); use another --out") from None
-            diffs = config_diff(old, clean)
+            diffs = config_diff(old, clean, self.config_keys)
             if diffs:
                 raise ConfigError(
                     f"{self.dir} holds a run with another configuration; refusing to mix results. "
