@@ -14,7 +14,7 @@ from ragsuite.align.judge import judge_best_worst
 from ragsuite.align.pairs import PreferencePair, parse_counts, select_pairs
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
-from ragsuite.errors import ConfigError
+from ragsuite.errors import ConfigError, install_hint
 from ragsuite.testing.openai_server import LocalOpenAIServer
 from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
@@ -294,7 +294,8 @@ def test_train_without_the_extra_names_the_install_command(tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "trl", None)  # import trl now raises ImportError
     code = main(["align", "train", str(tmp_path), "--model", "m", "--out", str(tmp_path / "m")])
     assert code == 2
-    assert "pip install -e '.[train]'" in capsys.readouterr().err
+    # From a clone: "pip install -e '.[train]' (from the ragsuite clone)"; from an index: the package's.
+    assert install_hint("train") in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------- training

@@ -225,12 +225,17 @@ def train_dpo(
     )
     trainer.train()
     losses = [float(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
-    trained = trainer.model
-    if settings.lora and settings.merge_lora:
-        trained = trained.merge_and_unload()
     out_dir.mkdir(parents=True, exist_ok=True)
-    trained.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
+    main_process = trainer.is_world_process_zero()
+    if settings.lora and settings.merge_lora:
+        merged = trainer.model.merge_and_unload()
+        if main_process:
+            merged.save_pretrained(str(out_dir))
+    else:
+        # The Trainer gathers sharded weights (DeepSpeed ZeRO-3, FSDP) and writes from the main process only.
+        trainer.save_model(str(out_dir))
+    if main_process:
+        tokenizer.save_pretrained(str(out_dir))
     result = TrainResult(
         out_dir=out_dir,
         losses=losses,
@@ -250,7 +255,8 @@ def train_dpo(
         "world_size": world,
         "bf16": bf16,
     }
-    (out_dir / TRAIN_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if main_process:
+        (out_dir / TRAIN_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return result
 
 

@@ -51,15 +51,19 @@ def _register_build(actions: argparse._SubParsersAction) -> None:
         description="For each sampled question, run the program's stages under nine (temperature, top_p) "
         "settings and build one chosen/rejected pair per stage: the judge LM picks the best and worst notes "
         "and query sets, NoteCompare labels note updates, the task metric labels vanilla-RAG answers "
-        "(DeepNote Appendix D). Records are saved as each question finishes; rerunning resumes. Writes "
-        "OUT/train.jsonl in TRL's preference format.",
+        "(DeepNote Appendix D). The nine settings replace --temperature/--top-p for the sampled stages. "
+        "Records are saved as each question finishes; rerunning resumes. Writes OUT/train.jsonl in TRL's "
+        "preference format.",
     )
     build.add_argument("--program", help=f"program with a pair recipe: {', '.join(RECIPES)}")
     build.add_argument(
         "--program-file", type=Path, help="a compiled program (its prompts and demos are the ones sampled)"
     )
     add_data_arguments(build)
-    build.set_defaults(split="train")
+    for action in build._actions:
+        if action.dest == "split":
+            action.default = "train"
+            action.help = "split file <split>.jsonl to read (default train: pairs need training questions)"
     build.add_argument(
         "--samples", type=int, help="questions drawn at random from the split (the paper: 15000; default all)"
     )
