@@ -72,6 +72,11 @@ def responder(request: ScriptedRequest) -> dict:
 
 
 def build_args(server: LocalOpenAIServer, out: Path, *extra: str, program: str = "deepnote") -> list[str]:
+    judge = (
+        ["--judge-lm", "openai/scripted", "--judge-api-base", server.api_base]
+        if program == "deepnote"
+        else []
+    )
     return [
         "align",
         "build",
@@ -87,10 +92,7 @@ def build_args(server: LocalOpenAIServer, out: Path, *extra: str, program: str =
         "openai/scripted",
         "--api-base",
         server.api_base,
-        "--judge-lm",
-        "openai/scripted",
-        "--judge-api-base",
-        server.api_base,
+        *judge,
         "--no-cache",
         "--retries",
         "0",
@@ -231,6 +233,15 @@ def test_build_without_a_train_split_names_the_installed_splits_and_the_download
     assert code == 2
     assert "no 'train' split installed (installed: dev)" in err
     assert "ragsuite data download 2wikimultihopqa --subset train" in err and "--questions FILE" in err
+
+
+def test_deepnote_build_without_a_judge_says_to_pass_one(tmp_path, capsys) -> None:
+    with LocalOpenAIServer(responder) as server:
+        args = build_args(server, tmp_path / "o")
+        at = args.index("--judge-lm")
+        code = main(args[:at] + args[at + 4 :])
+        assert server.chat_requests == 0
+    assert code == 2 and "needs a judge LM: pass --judge-lm" in capsys.readouterr().err
 
 
 def test_hanrag_recipe_labels_router_and_filter_with_the_dataset(tmp_path) -> None:

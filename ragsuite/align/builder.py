@@ -246,6 +246,8 @@ class Recipe:
     DEFAULT_COUNTS: ClassVar[dict[str, int]] = {}
     #: What labels each stage (written to the manifest).
     LABELS: ClassVar[dict[str, str]] = {}
+    #: Whether the recipe needs a judge LM.
+    USES_JUDGE: ClassVar[bool] = True
 
     def check(self, program: RAGProgram) -> None:
         """Raise :class:`ConfigError` when ``program`` is not built the way the recipe needs."""
@@ -412,6 +414,7 @@ class HANRAGRecipe(Recipe):
         "route": "the question type's route (HANRAG-Oracle's mapping) = positive, another route = negative",
         "filter": "the verdict agreeing with the gold passage ids = positive, the other = negative",
     }
+    USES_JUDGE: ClassVar[bool] = False
 
     def check(self, program: RAGProgram) -> None:
         if (

@@ -95,7 +95,9 @@ def _register_build(actions: argparse._SubParsersAction) -> None:
     add_lm_arguments(build)
     judge = build.add_argument_group("judge LM (judges notes and queries, runs NoteCompare)")
     judge.add_argument(
-        "--judge-lm", required=True, metavar="SPEC", help="e.g. openai/gpt-4o-mini (the paper's)"
+        "--judge-lm",
+        metavar="SPEC",
+        help="e.g. openai/gpt-4o-mini (the paper's); needed by deepnote's recipe",
     )
     judge.add_argument("--judge-api-base", metavar="URL", help="the judge's OpenAI-compatible server, if any")
     judge.add_argument("--judge-api-key-env", metavar="NAME", help="environment variable holding its key")
@@ -270,12 +272,17 @@ def _build(args: argparse.Namespace) -> int:
     style = answer_style(args)
     info = get_dataset_info(style)
     examples = sample_questions(training_examples(args), args.samples, seed=args.seed)
-    main_lm, stage_lms, lm_public = build_lms(args)
-    judge_lm, judge_public = _judge_lm(args)
     program, retriever_description = build_program(args, info.task)
+    recipe = recipe_for(program.name)
+    if recipe.USES_JUDGE and not args.judge_lm:
+        raise ConfigError(
+            f"the {program.name} recipe needs a judge LM: pass --judge-lm SPEC "
+            "(the paper: openai/gpt-4o-mini)"
+        )
+    main_lm, stage_lms, lm_public = build_lms(args)
+    judge_lm, judge_public = _judge_lm(args) if args.judge_lm else (None, None)
     if stage_lms:
         set_stage_lms(program, stage_lms)
-    recipe = recipe_for(program.name)
     counts: dict[str, int | None] = {stage: recipe.DEFAULT_COUNTS.get(stage) for stage in recipe.STAGES}
     counts.update(parse_counts(args.counts, recipe.STAGES))
     from ragsuite.align.builder import SAMPLING_GRID
