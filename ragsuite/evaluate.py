@@ -385,7 +385,7 @@ def config_diff(
     def walk(prefix: str, a: Any, b: Any) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
-                if key in _NOT_CONFIG and prefix.split(".")[0] in ("lm", "stage_lms"):
+                if key in _NOT_CONFIG and prefix.split(".")[0] in ("lm", "stage_lms", "judge_lm"):
                     continue
                 walk(f"{prefix}.{key}", a.get(key), b.get(key))
         elif a != b:

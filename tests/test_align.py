@@ -15,7 +15,7 @@ from ragsuite.align.pairs import PreferencePair, parse_counts, select_pairs
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
 from ragsuite.errors import ConfigError, install_hint
-from ragsuite.testing.openai_server import LocalOpenAIServer
+from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
 DATASET = "2wikimultihopqa"
@@ -233,6 +233,27 @@ def test_build_without_a_train_split_names_the_installed_splits_and_the_download
     assert code == 2
     assert "no 'train' split installed (installed: dev)" in err
     assert "ragsuite data download 2wikimultihopqa --subset train" in err and "--questions FILE" in err
+
+
+def test_a_failed_question_is_recorded_and_rebuilt_on_the_next_run(tmp_path, capsys) -> None:
+    out = tmp_path / "faulty"
+    failing = EXAMPLES[1].question
+
+    def fault(number: int, request: ScriptedRequest) -> Fault | None:
+        return Fault("server_error") if request.inputs.get("question") == failing else None
+
+    with LocalOpenAIServer(responder, fault_fn=fault) as server:
+        assert main(build_args(server, out)) == 1
+    assert "1 question(s) failed" in capsys.readouterr().err
+    failed = records(out)[failing]
+    assert failed["error"] and failed["pairs"] == [] and "Internal server error" in failed["error"]["message"]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["questions"] == N - 1 and summary["errors"] == 1 and summary["complete"] is False
+    with LocalOpenAIServer(responder) as server:
+        assert main(build_args(server, out)) == 0
+        assert server.chat_requests == 47  # the failed question only
+    rebuilt = records(out)[failing]
+    assert rebuilt["error"] is None and len(rebuilt["pairs"]) == 4
 
 
 def test_deepnote_build_without_a_judge_says_to_pass_one(tmp_path, capsys) -> None:
