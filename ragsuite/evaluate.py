@@ -292,9 +292,11 @@ class RunStore:
 
     Args:
         out_dir: The directory (created if missing).
+        config_keys: The manifest keys that define the run (resuming with any of them changed is refused).
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], *, config_keys: Sequence[str] = CONFIG_KEYS) -> None:
+        self.config_keys = tuple(config_keys)
         self.dir = Path(out_dir).expanduser()
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -317,7 +319,7 @@ class RunStore:
                 old = json.loads(path.read_text(encoding="utf-8"))
             except ValueError as exc:
                 raise DataError(f"{path} is not valid JSON ({exc}); use another --out") from None
-            diffs = config_diff(old, clean)
+            diffs = config_diff(old, clean, self.config_keys)
             if diffs:
                 raise ConfigError(
                     f"{self.dir} holds a run with another configuration; refusing to mix results. "
@@ -399,7 +401,7 @@ def config_diff(
     def walk(prefix: str, a: Any, b: Any) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
-                if key in _NOT_CONFIG and prefix.split(".")[0] in ("lm", "stage_lms"):
+                if key in _NOT_CONFIG and prefix.split(".")[0] in ("lm", "stage_lms", "judge_lm"):
                     continue
                 walk(f"{prefix}.{key}", a.get(key), b.get(key))
         elif a != b:

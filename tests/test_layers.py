@@ -13,6 +13,7 @@ FORBIDDEN = {
     "signatures": {"programs", "optimizers", "cli", "evaluate", "bench"},
     "programs": {"optimizers", "cli", "evaluate", "bench"},
     "optimizers": {"cli", "bench"},
+    "align": {"cli", "bench"},
     "retrieval": {"signatures", "programs", "optimizers", "cli", "evaluate", "bench"},
     "data": {"signatures", "programs", "optimizers", "cli", "evaluate", "bench"},
 }

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "ragsuite.cli.bench",
     "ragsuite.cli.compile",
     "ragsuite.cli.tune",
+    "ragsuite.cli.align",
     "ragsuite.cli.index",
     "ragsuite.cli.retrieve_eval",
     "ragsuite.cli.serve",

@@ -163,6 +163,7 @@ class LocalOpenAIServer:
         if self.strict_model and model != self.model:
             return 404, _error(f"The model `{model}` does not exist.", "NotFoundError"), {}
         request = parse_chat_messages(messages)
+        request.sampling = {k: body[k] for k in ("temperature", "top_p", "seed", "max_tokens") if k in body}
         with self._lock:
             self.question_counts[request.inputs.get("question", "")] += 1
         fault = self._next_fault(number, request)

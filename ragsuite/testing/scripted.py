@@ -36,6 +36,9 @@ class ScriptedRequest:
         system: The whole system message.
         user: The last user message.
         messages: Every message, demos included.
+        sampling: The request's sampling settings (``temperature``, ``top_p``, ``seed``, ``max_tokens``)
+            where the transport carries them (the local OpenAI-compatible server does; :class:`ScriptedLM`
+            does not).
     """
 
     instructions: str
@@ -44,6 +47,7 @@ class ScriptedRequest:
     system: str
     user: str
     messages: list[dict[str, Any]] = field(default_factory=list)
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     def asks_for(self, *names: str) -> bool:
         """Whether every one of ``names`` is among the requested output fields."""
