@@ -156,7 +156,7 @@ def test_bad_index_options_are_refused(corpus, encoder_dir, tmp_path, data_dir):
     assert parse_dense_spec(":index=flat") == ("", "", {"index": "flat"})
     with pytest.raises(ConfigError, match="nprobe"):
         build_retriever("dense:strategyqa:nprobe=0", data_dir=data_dir, cache_dir=tmp_path)
-    with pytest.raises(ConfigError, match="known: .*ef_search"):
+    with pytest.raises(ConfigError, match=r"known: .*ef_search"):
         build_retriever("dense:strategyqa:nprob=4", data_dir=data_dir, cache_dir=tmp_path)
     with pytest.raises(ConfigError, match="integer"):
         build_retriever("dense:strategyqa:nlist=many", data_dir=data_dir, cache_dir=tmp_path)
