@@ -71,7 +71,7 @@ class IndexSettings:
     index: IndexKind = "auto"
     flat_max: int = 200_000
     nlist: int | None = None
-    nprobe: int = 16
+    nprobe: int = 64
     pq_m: int | None = None
     pq_bits: int = 8
     rerank: int = 4
@@ -224,7 +224,7 @@ def build_index(
 ) -> Any:
     """Build the FAISS index :meth:`IndexSettings.resolve` described over the rows ``batches`` yields.
 
-    IVF-PQ trains on a random sample of ``max(64 * nlist, 64 * 2**pq_bits)`` rows (all rows when fewer),
+    IVF-PQ trains on a random sample of ``max(40 * nlist, 40 * 2**pq_bits)`` rows (all rows when fewer),
     gathered in one pass over the batches; rows are then added batch by batch, so that only the index and one
     batch are in memory.
     """
@@ -239,7 +239,7 @@ def build_index(
         index.hnsw.efConstruction = params["ef_construction"]
     elif kind == "ivfpq":
         index = faiss.index_factory(dim, params["factory"], faiss.METRIC_INNER_PRODUCT)
-        n_train = min(n, max(64 * params["nlist"], 64 * 2 ** params["pq_bits"]))
+        n_train = min(n, max(40 * params["nlist"], 40 * 2 ** params["pq_bits"]))
         chosen = np.zeros(n, dtype=bool)
         chosen[np.random.default_rng(seed).choice(n, n_train, replace=False)] = True
         sample, lo = [], 0
@@ -247,6 +247,12 @@ def build_index(
             sample.append(block[chosen[lo : lo + len(block)]])
             lo += len(block)
         index.cp.seed = seed  # k-means of the coarse quantizer
+        # Polysemous codes only serve Hamming-distance filtering, which search does not use; training them
+        # takes most of the build time on small corpora.
+        index.do_polysemous_training = False
+        # Small corpora train k-means on fewer than faiss' 39 points per centroid; that is expected here and
+        # needs no warning on stderr (too few points for 2**pq_bits centroids is refused in resolve()).
+        index.cp.min_points_per_centroid = index.pq.cp.min_points_per_centroid = 1
         index.train(np.concatenate(sample))
         del sample
     else:
