@@ -242,15 +242,15 @@ def scale_rows(n: int, kinds: list[str], *, workdir: Path, queries: int) -> list
         started = time.perf_counter()
         write_synthetic(vectors, n)
         print(f"  wrote {vectors} in {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
-    rows = [
-        {"kind": "baseline (numpy + faiss imported)", **_run_worker("baseline", "flat", vectors, vectors, 0)}
-    ]
+    baseline = _run_worker("baseline", "flat", vectors, vectors, 0)
+    rows = [{**baseline, "kind": "baseline (numpy + faiss imported)", "launcher_peak_rss_mib": _rss_mib()}]
     for kind in kinds:
         index = workdir / f"synthetic-{n}.{kind}.faiss"
         build = _run_worker("build", kind, vectors, index, queries)
         print(f"  {kind}: built in {build['build_s']:.0f}s", file=sys.stderr, flush=True)
         search = _run_worker("search", kind, vectors, index, queries)
         rows.append({"kind": kind, "n": n, "build": build, "search": search})
+        print("  " + json.dumps(rows[-1]), file=sys.stderr, flush=True)
         index.unlink(missing_ok=True)
     return rows
 
@@ -312,9 +312,7 @@ def main() -> None:
     parser.add_argument("--scale-n", type=int, default=1_000_000)
     parser.add_argument("--scale-kinds", nargs="*", default=["flat", "ivfpq", "hnsw"])
     parser.add_argument("--queries", type=int, default=1000, help="synthetic queries per index")
-    parser.add_argument(
-        "--workdir", default=None, help="where the synthetic vectors go (default: a temp dir)"
-    )
+    parser.add_argument("--workdir", default=None, help="keep (and reuse) the synthetic vectors here")
     parser.add_argument("--encode-sample", type=int, default=384, help="0 skips the encoding comparison")
     parser.add_argument("--skip-recall", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
@@ -328,13 +326,25 @@ def main() -> None:
         worker(args)
         return
     report: dict = {}
+
+    def save() -> None:
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+
     if not args.skip_scale:
         # First, while this process is small: a child's ru_maxrss starts from what its parent had mapped
         # when it forked, so the workers must be started before torch and the encoder are loaded here.
-        with tempfile.TemporaryDirectory(prefix="dense-scale-", dir=args.workdir) as tmp:
+        if args.workdir:  # kept, and its synthetic vectors reused by the next run
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
             report["scale"] = scale_rows(
-                args.scale_n, args.scale_kinds, workdir=Path(tmp), queries=args.queries
+                args.scale_n, args.scale_kinds, workdir=Path(args.workdir), queries=args.queries
             )
+        else:
+            with tempfile.TemporaryDirectory(prefix="dense-scale-") as tmp:
+                report["scale"] = scale_rows(
+                    args.scale_n, args.scale_kinds, workdir=Path(tmp), queries=args.queries
+                )
+        save()
         print(f"## {args.scale_n:,} synthetic passages: memory (fresh process per step) and speed\n")
         print(scale_markdown(report["scale"], args.scale_n) + "\n", flush=True)
     if not args.skip_recall:
@@ -342,10 +352,12 @@ def main() -> None:
 
         names = args.datasets or [n for n in dataset_names() if get_dataset_info(n).has_corpus]
         report["recall"] = recall_rows(names, data_dir=args.data_dir, cache_dir=args.cache_dir)
+        save()
         print("## recall@5 of gold passages, approximate vs exact (points in parentheses)\n")
         print(recall_markdown(report["recall"]) + "\n", flush=True)
     if args.encode_sample:
         report["encode"] = encode_row(args.encode_sample, data_dir=args.data_dir, cache_dir=args.cache_dir)
+        save()
         e = report["encode"]
         print(f"## encoding {e['passages']} HotpotQA passages (best of 2)\n")
         print("| batches | passages/s |\n|---|---:|")
@@ -354,8 +366,6 @@ def main() -> None:
         print(
             f"\nlength-sorted / corpus order: {e['speedup']:.2f}x; max |difference| {e['max_abs_diff']:.1e}"
         )
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
     print(f"\n{os.cpu_count()} CPU cores; faiss threads: default", file=sys.stderr)
 
 
