@@ -10,9 +10,10 @@ sentence-transformers does: less padding per batch), and puts the vectors back i
 directory the vectors are written in chunks of ``chunk_size`` passages as they are computed
 (``<cache>/dense/<key>.parts/``, each chunk with its sha256), so a killed build resumes from its completed
 chunks, and a chunk that fails its checksum is embedded again. The finished matrix is one float32 ``.npy``
-(``<cache>/dense/<key>.npy``) opened as a memory map. The search index (exact inner product for small
-corpora, IVF-PQ or HNSW above ``flat_max`` passages: see :mod:`ragsuite.retrieval.dense_index`) is built
-from it and, when approximate, cached beside it.
+(``<cache>/dense/<key>.npy``) opened as a memory map; IVF-PQ's exact re-scoring reads its candidates' rows
+from the file with ``pread``, so that scattered rows do not map their neighbours in too. The search index
+(exact inner product for small corpora, IVF-PQ or HNSW above ``flat_max`` passages: see
+:mod:`ragsuite.retrieval.dense_index`) is built from it and, when approximate, cached beside it.
 """
 
 from __future__ import annotations
@@ -144,6 +145,9 @@ class DenseRetriever:
         n, dim = self.embeddings.shape
         self.index_params = self.settings.resolve(n, dim)
         self.index = self._build_index(progress=progress)
+        path = self.embeddings_path
+        # Exact re-scoring reads candidate rows from the file (see dense_index.NpyRows), not from the map.
+        self._rows = dense_index.NpyRows(path) if path is not None else self.embeddings
 
     @classmethod
     def from_dataset(
@@ -383,7 +387,7 @@ class DenseRetriever:
             embedded = self._encode(queries)
         except Exception as exc:
             raise RetrievalError(f"dense query encoding failed: {type(exc).__name__}: {exc}") from exc
-        scores, ids = dense_index.search(self.index, self.index_params, embedded, k, vectors=self.embeddings)
+        scores, ids = dense_index.search(self.index, self.index_params, embedded, k, vectors=self._rows)
         return [
             [self.passages[i].with_score(float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
             for row_s, row_i in zip(scores, ids, strict=True)

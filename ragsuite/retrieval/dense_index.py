@@ -213,6 +213,48 @@ def read_npy_header(handle: Any) -> tuple[tuple[int, ...], np.dtype]:
     return shape, dtype
 
 
+class NpyRows:
+    """Rows of a 2-D float32 ``.npy`` file, read on demand with ``pread``.
+
+    Used for IVF-PQ's exact re-scoring instead of indexing the memory map: a page faulted in through a map
+    brings the pages around it into the process as well (the kernel's fault-around, 64 KiB), so a thousand
+    queries' scattered candidates would map most of a large file; reads leave nothing resident.
+
+    Example:
+        >>> rows = NpyRows("embeddings.npy")  # doctest: +SKIP
+        >>> rows(np.array([3, 17])).shape  # doctest: +SKIP
+        (2, 384)
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "rb") as handle:
+            shape, dtype = read_npy_header(handle)
+            self.offset = handle.tell()
+        if dtype != np.dtype("<f4"):
+            raise ValueError(f"{path} holds {dtype}, not little-endian float32")
+        self.shape = shape
+        self._row_bytes = shape[1] * 4
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        size = self._row_bytes
+        out = bytearray(len(ids) * size)
+        for j, i in enumerate(ids):
+            row = os.pread(self._fd, size, self.offset + int(i) * size)
+            if len(row) != size:
+                raise ValueError(f"row {i} is beyond the end of the embedding file")
+            out[j * size : (j + 1) * size] = row
+        return np.frombuffer(out, dtype="<f4").reshape(len(ids), self.shape[1])
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
 def build_index(
     params: Mapping[str, Any],
     *,
@@ -304,11 +346,12 @@ def search(
     queries: np.ndarray,
     k: int,
     *,
-    vectors: np.ndarray | None = None,
+    vectors: np.ndarray | Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` (scores, ids) per query row, best first; ids are -1 where fewer than k were found.
 
-    ``vectors`` (the stored embeddings, possibly memory-mapped) are needed for IVF-PQ's exact re-scoring.
+    ``vectors`` (the stored embeddings: a matrix, or a function from row ids to rows such as
+    :class:`NpyRows`) are needed for IVF-PQ's exact re-scoring.
     Thread-safe: search parameters are passed per call, not set on the shared index.
     """
     faiss = faiss_module()
@@ -331,7 +374,8 @@ def search(
         candidates = np.sort(candidates[candidates >= 0])
         if not len(candidates):
             continue
-        exact = np.asarray(vectors[candidates], dtype=np.float32) @ query
+        rows = vectors(candidates) if callable(vectors) else vectors[candidates]
+        exact = np.asarray(rows, dtype=np.float32) @ query
         best = np.argsort(-exact, kind="stable")[:k]
         out_scores[row, : len(best)] = exact[best]
         out_ids[row, : len(best)] = candidates[best]
