@@ -62,8 +62,8 @@ def _status_mib(field: str) -> float | None:
 RECALL_CONFIGS: list[tuple[str, dict]] = [
     ("flat (exact)", {"index": "flat"}),
     ("ivfpq default", {"index": "ivfpq"}),
-    ("ivfpq rerank=1", {"index": "ivfpq", "rerank": 1}),
-    ("ivfpq nprobe=16", {"index": "ivfpq", "nprobe": 16}),
+    ("ivfpq rerank=4", {"index": "ivfpq", "rerank": 4}),
+    ("ivfpq nprobe=32", {"index": "ivfpq", "nprobe": 32}),
     ("hnsw default", {"index": "hnsw"}),
 ]
 

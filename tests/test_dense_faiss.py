@@ -100,7 +100,7 @@ def test_ivfpq_and_hnsw_are_sensible_and_described(corpus, encoder_dir, tmp_path
         "nprobe": 2,
         "pq_m": 8,
         "pq_bits": 8,
-        "rerank": 4,
+        "rerank": 16,
     }
     assert described["spec"] == f"dense:strategyqa:{encoder_dir}:index=ivfpq:nlist=4:nprobe=2:pq_m=8"
     assert ivf.index.ntotal == len(corpus) and ivf.index.nlist == 4

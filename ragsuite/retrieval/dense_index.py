@@ -71,10 +71,10 @@ class IndexSettings:
     index: IndexKind = "auto"
     flat_max: int = 200_000
     nlist: int | None = None
-    nprobe: int = 64
+    nprobe: int = 128
     pq_m: int | None = None
     pq_bits: int = 8
-    rerank: int = 4
+    rerank: int = 16
     hnsw_m: int = 32
     ef_construction: int = 80
     ef_search: int = 64
