@@ -164,9 +164,10 @@ def write_synthetic(path: Path, n: int, *, dim: int = DIM, centres: int = 20_000
         np.lib.format.write_array_header_1_0(
             handle, {"descr": "<f4", "fortran_order": False, "shape": (n, dim)}
         )
-        for lo in range(0, n, 65_536):
-            hi = min(lo + 65_536, n)
-            block = centre[rng.integers(0, centres, hi - lo)] + 0.7 * rng.standard_normal((hi - lo, dim))
+        for lo in range(0, n, 4096):  # small float32 blocks: the workers inherit this process' peak RSS
+            hi = min(lo + 4096, n)
+            noise = rng.standard_normal((hi - lo, dim), dtype=np.float32)
+            block = centre[rng.integers(0, centres, hi - lo)] + np.float32(0.7) * noise
             handle.write((block / np.linalg.norm(block, axis=1, keepdims=True)).astype("<f4").tobytes())
 
 
