@@ -247,7 +247,7 @@ class NpyRows:
         return np.frombuffer(out, dtype="<f4").reshape(len(ids), self.shape[1])
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
             self._fd = -1
 
