@@ -6,9 +6,13 @@ Specs:
                                  file; built once, cached on disk under a hash of the corpus content
     colbert-server:URL           a ColBERTv2 HTTP server (``/api/search`` protocol)
     colbert-index:DIR            a local colbert-ai PLAID index (``pip install -e '.[colbert]'``)
-    dense[:DATASET|:PATH[:MODEL_DIR]]
-                                 MiniLM (or MODEL_DIR) embeddings of a corpus as for bm25, cached on disk
-                                 (``pip install -e '.[dense]'``)
+    dense[:DATASET|:PATH[:MODEL_DIR]][:KEY=VALUE...]
+                                 MiniLM (or MODEL_DIR) embeddings of a corpus as for bm25, cached on disk,
+                                 searched with FAISS (``pip install -e '.[dense]'``); KEY=VALUE options set
+                                 the index: ``index=auto|flat|ivfpq|hnsw``, ``flat_max``, ``nlist``,
+                                 ``nprobe``, ``pq_m``, ``pq_bits``, ``rerank``, ``hnsw_m``,
+                                 ``ef_construction``, ``ef_search``
+                                 (e.g. ``dense:nq:index=hnsw:ef_search=128``)
     hybrid:MODE:SPEC+SPEC[+...]  several of the above merged, MODE = interleave | rrf
 
 A corpus PATH contains ``/`` or ends in ``.jsonl``, ``.tsv``, ``.csv`` or ``.parquet``; anything else is a
@@ -26,7 +30,8 @@ from ragsuite.errors import ConfigError
 from ragsuite.retrieval.base import Retriever
 
 SPEC_HELP = (
-    "bm25[:DATASET|:CORPUS_FILE] | colbert-server:URL | colbert-index:DIR | dense[:DATASET|:CORPUS_FILE] | "
+    "bm25[:DATASET|:CORPUS_FILE] | colbert-server:URL | colbert-index:DIR | "
+    "dense[:DATASET|:CORPUS_FILE][:KEY=VALUE...] | "
     "hybrid:interleave|rrf:SPEC+SPEC (default: bm25 over --corpus or the dataset's corpus)"
 )
 _CORPUS_SUFFIXES = (".jsonl", ".tsv", ".csv", ".parquet")
@@ -35,6 +40,30 @@ _CORPUS_SUFFIXES = (".jsonl", ".tsv", ".csv", ".parquet")
 def is_corpus_path(source: str) -> bool:
     """Whether ``source`` (what follows ``bm25:`` / ``dense:``) names a corpus file rather than a dataset."""
     return "/" in source or os.sep in source or source.lower().endswith(_CORPUS_SUFFIXES)
+
+
+def parse_dense_spec(rest: str) -> tuple[str, str, dict[str, str]]:
+    """What follows ``dense:``, split into (source, model directory, ``KEY=VALUE`` index options).
+
+    Parts are separated by ``:``; a part that starts with ``word=`` is an option, the first other part is the
+    dataset or corpus file (may be empty) and the remaining ones, joined back with ``:``, the model directory.
+
+    Example:
+        >>> parse_dense_spec("nq:index=ivfpq:nprobe=32")
+        ('nq', '', {'index': 'ivfpq', 'nprobe': '32'})
+    """
+    named: list[str] = []
+    options: dict[str, str] = {}
+    for part in rest.split(":") if rest else []:
+        key, eq, value = part.partition("=")
+        if eq and key.isidentifier() and key.islower():
+            if key in options:
+                raise ConfigError(f"dense option {key} given twice in dense:{rest}")
+            options[key] = value
+        else:
+            named.append(part)
+    source = named[0] if named else ""
+    return source, ":".join(named[1:]), options
 
 
 def build_retriever(
@@ -91,7 +120,13 @@ def build_retriever(
     if kind == "dense":
         from ragsuite.retrieval.dense import DenseRetriever
 
-        named, _, model = rest.partition(":")
+        named, model, index_options = parse_dense_spec(rest)
+        overlap = sorted(set(index_options) & set(options))
+        if overlap:
+            raise ConfigError(
+                f"dense index option(s) {', '.join(overlap)} given both in the spec and as arguments"
+            )
+        options = {**options, **index_options}
         source = named or (str(corpus) if corpus is not None else dataset)
         if not source:
             raise ConfigError(
