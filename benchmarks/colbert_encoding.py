@@ -36,6 +36,7 @@ CORPORA = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--passages", type=int, default=2000)
+    parser.add_argument("--build", action="store_true", help="also time a whole index build")
     parser.add_argument(
         "--work", type=Path, default=None, help="where the checkpoint and index go (temporary)"
     )
