@@ -68,6 +68,7 @@ from ragsuite.retrieval.bm25_index import (
     IndexDamaged,
     OpenIndex,
     Scoring,
+    index_bytes,
 )
 
 log = logging.getLogger("ragsuite.retrieval.bm25")
@@ -363,16 +364,11 @@ class BM25Retriever:
     ) -> BM25Retriever:
         """The index of your own corpus file (JSONL, TSV, CSV or Parquet with ``id``, ``title``, ``text``),
         streamed from disk (never loaded whole)."""
-        from ragsuite.data.datasets import file_sha256_cached
-
         resolved = Path(path).expanduser().resolve()
         if not resolved.is_file():
             raise DataError(f"{resolved} does not exist")
         source = _file_source(resolved, cache_dir=cache_dir)
-        corpus_file = {
-            "corpus_path": str(resolved),
-            "corpus_sha256": file_sha256_cached(resolved, cache_dir=cache_dir),
-        }
+        corpus_file = {"corpus_path": str(resolved), "corpus_sha256": source.digest.removeprefix("file:")}
         return cls(cache_dir=cache_dir, corpus_file=corpus_file, _source=source, **settings)
 
     # -- building and opening ----------------------------------------------------------------------
@@ -579,8 +575,6 @@ class BM25Retriever:
 
     def index_stats(self) -> dict[str, Any]:
         """Terms, postings, bytes on disk, build seconds and the query kernel in use."""
-        from ragsuite.retrieval.bm25_index import index_bytes
-
         meta = self._index.meta
         return {
             "terms": int(meta["num_terms"]),

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from ragsuite.data.datasets import file_sha256
 from ragsuite.retrieval.base import Passage
 
 log = logging.getLogger("ragsuite.retrieval.bm25")
@@ -114,11 +115,7 @@ def file_digests(directory: Path, *, with_sha256: bool = True) -> dict[str, dict
         stat = path.stat()
         entry: dict[str, Any] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
         if with_sha256:
-            digest = hashlib.sha256()
-            with path.open("rb") as handle:
-                for chunk in iter(lambda: handle.read(1 << 22), b""):
-                    digest.update(chunk)
-            entry["sha256"] = digest.hexdigest()
+            entry["sha256"] = file_sha256(path)
         digests[path.name] = entry
     return digests
 
@@ -145,17 +142,8 @@ def check_files(directory: Path, expected: Any, *, full: bool = False) -> None:
         if got["size"] != want.get("size"):
             raise IndexDamaged(f"{name} is damaged (its size differs from when it was written)")
         if full or got["mtime_ns"] != want.get("mtime_ns"):
-            digest = file_digests_one(directory / name)
-            if digest != want.get("sha256"):
+            if file_sha256(directory / name) != want.get("sha256"):
                 raise IndexDamaged(f"{name} is damaged (its sha256 differs from when it was written)")
-
-
-def file_digests_one(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # -- building ---------------------------------------------------------------------------------------
