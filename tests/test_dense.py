@@ -4,8 +4,9 @@ the on-disk embedding cache, batch, spec, and its use in a hybrid."""
 from __future__ import annotations
 
 import pytest
+from tiny_encoder import build_tiny_encoder
 
-from ragsuite.errors import ConfigError, install_hint
+from ragsuite.errors import ConfigError
 from ragsuite.retrieval.base import Passage
 
 CORPUS = [
@@ -27,31 +28,9 @@ CORPUS = [
 
 @pytest.fixture(scope="module")
 def encoder_dir(tmp_path_factory):
-    reason = "needs the dense extra: " + install_hint("dense")
-    transformers = pytest.importorskip("transformers", reason=reason)
-    pytest.importorskip("torch", reason=reason)
-    import torch
-    from tokenizers import BertWordPieceTokenizer
-
-    out = tmp_path_factory.mktemp("encoder")
-    wordpiece = BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator(
-        [p.render() for p in CORPUS],
-        vocab_size=500,
-        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    return build_tiny_encoder(
+        [p.render() for p in CORPUS], tmp_path_factory.mktemp("encoder"), vocab_size=500
     )
-    wordpiece.save_model(str(out))
-    transformers.BertTokenizerFast(vocab_file=str(out / "vocab.txt")).save_pretrained(str(out))
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=wordpiece.get_vocab_size(),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
-    transformers.BertModel(config).save_pretrained(str(out))
-    return out
 
 
 def test_exact_text_search_cache_and_batch(encoder_dir, tmp_path, caplog):

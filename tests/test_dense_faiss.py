@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from tiny_encoder import build_tiny_encoder
 
 from ragsuite.errors import ConfigError, MissingExtraError, install_hint
 
@@ -28,32 +29,10 @@ def corpus(data_dir):
 
 @pytest.fixture(scope="module")
 def encoder_dir(tmp_path_factory, corpus):
-    reason = "needs the dense extra: " + install_hint("dense")
-    transformers = pytest.importorskip("transformers", reason=reason)
-    pytest.importorskip("torch", reason=reason)
-    pytest.importorskip("faiss", reason=reason)
-    import torch
-    from tokenizers import BertWordPieceTokenizer
-
-    out = tmp_path_factory.mktemp("encoder")
-    wordpiece = BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator(
-        [p.render() for p in corpus],
-        vocab_size=2000,
-        special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    pytest.importorskip("faiss", reason="needs the dense extra: " + install_hint("dense"))
+    return build_tiny_encoder(
+        [p.render() for p in corpus], tmp_path_factory.mktemp("encoder"), vocab_size=2000
     )
-    wordpiece.save_model(str(out))
-    transformers.BertTokenizerFast(vocab_file=str(out / "vocab.txt")).save_pretrained(str(out))
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=wordpiece.get_vocab_size(),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-    )
-    transformers.BertModel(config).save_pretrained(str(out))
-    return out
 
 
 def _dense(corpus, encoder_dir, cache_dir, **settings):
