@@ -103,7 +103,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 
     import dspy
 
-    from ragsuite.evaluate import evaluate
+    from ragsuite.evaluation import evaluate
     from ragsuite.lm import build_lm
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)

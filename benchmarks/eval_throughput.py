@@ -1,4 +1,4 @@
-"""Throughput of ``ragsuite.evaluate``: wall time against the LM-bound ideal, and overhead per LM call.
+"""Throughput of ``ragsuite.evaluation``: wall time against the LM-bound ideal, and overhead per LM call.
 
 A local OpenAI-compatible server (in its own process, so its CPU time is not charged to the harness) answers
 every call after a fixed latency. A program makes a known number of sequential LM calls per question, through
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import dspy
 
     from ragsuite.data.datasets import load_dataset
-    from ragsuite.evaluate import evaluate
+    from ragsuite.evaluation import evaluate
     from ragsuite.lm import build_lm
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)

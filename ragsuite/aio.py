@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 #: How an evaluation runs examples at once: worker threads calling ``program(...)``, or one event loop
-#: awaiting ``program.acall(...)`` (``ragsuite.evaluate.evaluate``, ``ragsuite eval --engine``).
+#: awaiting ``program.acall(...)`` (``ragsuite.evaluation.evaluate``, ``ragsuite eval --engine``).
 Engine = Literal["threads", "async"]
 ENGINES: tuple[str, ...] = ("threads", "async")
 #: The default engine (benchmarks/eval_engines.py compares the two).

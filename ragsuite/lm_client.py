@@ -7,7 +7,7 @@ for another checkpoint, a local and a remote ``llama``) would share answers: a r
 silently scores the first one's replies. :class:`EndpointLM` scopes its cache entries by its endpoint
 (without credentials). DSPy also reports no usage for a cache hit, so a cost objective would see a cached
 call as free; :class:`EndpointLM` hands the cached response's usage to the active usage tracker as
-*cached* usage (see ``ragsuite.evaluate``), counted apart from the requests that reached the provider.
+*cached* usage (see ``ragsuite.evaluation``), counted apart from the requests that reached the provider.
 
 DSPy retries 429/5xx/timeouts itself and honours a server's ``Retry-After``, however long: ``Retry-After:
 3600`` (or a date in 2099) would stall a run silently for an hour. :class:`EndpointLM` caps every wait at

@@ -32,7 +32,7 @@ def _asset(name: str) -> str:
 
 def _read_run(run_dir: Path, row: dict[str, Any]) -> dict[str, Any]:
     from ragsuite.data.datasets import get_dataset_info
-    from ragsuite.evaluate import MANIFEST, RECORDS, read_records
+    from ragsuite.evaluation import MANIFEST, RECORDS, read_records
 
     manifest = json.loads((run_dir / MANIFEST).read_text(encoding="utf-8"))
     records = list(read_records(run_dir / RECORDS).records.values()) if (run_dir / RECORDS).is_file() else []

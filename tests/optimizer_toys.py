@@ -168,7 +168,7 @@ def toy_evaluate(
     on_record: Any = None,
     **_: Any,
 ) -> Any:
-    """A serial stand-in for ``ragsuite.evaluate.evaluate`` with the same result shape."""
+    """A serial stand-in for ``ragsuite.evaluation.evaluate`` with the same result shape."""
     records = []
     for example in examples:
         pred = program(question=example.question)

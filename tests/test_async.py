@@ -500,7 +500,7 @@ def test_eval_async_engine_sigterm_and_ctrl_c_keep_the_records_and_write_the_sum
 
 def test_evaluate_refuses_an_unknown_engine() -> None:
     from ragsuite.errors import ConfigError
-    from ragsuite.evaluate import evaluate
+    from ragsuite.evaluation import evaluate
 
     with pytest.raises(ConfigError, match="engine must be one of threads, async"):
         evaluate(programs.get("no-retrieval")(), [], dataset="hotpotqa", engine="processes")  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import pytest
 
 from ragsuite.data.datasets import load_dataset
 from ragsuite.errors import ConfigError
-from ragsuite.evaluate import RECORDS, REJECTED, evaluate, format_table, summarize
+from ragsuite.evaluation import RECORDS, REJECTED, evaluate, format_table, summarize
 from ragsuite.lm import LMEndpointError, build_lm
 from ragsuite.programs.base import RAGProgram
 from ragsuite.retrieval.base import Passage

@@ -474,7 +474,7 @@ def test_oracle_routes_by_the_question_type_without_asking_the_router() -> None:
 
 
 def test_oracle_receives_the_dataset_type_from_the_evaluation_harness(tmp_path) -> None:
-    from ragsuite.evaluate import evaluate
+    from ragsuite.evaluation import evaluate
     from ragsuite.programs.hanrag_oracle import HANRAGOracle
 
     examples = [

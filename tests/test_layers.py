@@ -10,12 +10,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ragsuite"
 
 # layer -> the layers it must never import
 FORBIDDEN = {
-    "signatures": {"programs", "optimizers", "cli", "evaluate", "bench"},
-    "programs": {"optimizers", "cli", "evaluate", "bench"},
+    "signatures": {"programs", "optimizers", "cli", "evaluate", "evaluation", "bench"},
+    "programs": {"optimizers", "cli", "evaluate", "evaluation", "bench"},
     "optimizers": {"cli", "bench"},
     "align": {"cli", "bench"},
-    "retrieval": {"signatures", "programs", "optimizers", "cli", "evaluate", "bench"},
-    "data": {"signatures", "programs", "optimizers", "cli", "evaluate", "bench"},
+    "retrieval": {"signatures", "programs", "optimizers", "cli", "evaluate", "evaluation", "bench"},
+    "data": {"signatures", "programs", "optimizers", "cli", "evaluate", "evaluation", "bench"},
 }
 
 

@@ -243,7 +243,7 @@ def test_the_endpoint_check_never_carries_the_key_to_another_host(monkeypatch):
     ids=["timeout", "rate-limit"],
 )
 def test_lm_failures_name_the_flag_to_change(fault, expected, not_expected):
-    from ragsuite.evaluate import evaluate
+    from ragsuite.evaluation import evaluate
     from ragsuite.programs.baselines import NoRetrieval
 
     examples = [dspy.Example(id="q1", question="Which band?", answers=["Rush"]).with_inputs("question")]

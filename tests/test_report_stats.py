@@ -6,7 +6,7 @@ from __future__ import annotations
 import dspy
 
 from ragsuite.cli import main
-from ragsuite.evaluate import evaluate
+from ragsuite.evaluation import evaluate
 from ragsuite.programs.baselines import NoRetrieval
 from ragsuite.testing.scripted import ScriptedLM
 

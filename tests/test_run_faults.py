@@ -20,7 +20,7 @@ import pytest
 
 from ragsuite.cli import main
 from ragsuite.errors import ConfigError
-from ragsuite.evaluate import (
+from ragsuite.evaluation import (
     MANIFEST,
     RECORDS,
     REJECTED,
@@ -337,7 +337,7 @@ def test_eval_skips_names_and_keeps_bad_lines(tmp_path, caplog):
     kept = {json.loads(line)["id"] for line in path.read_bytes().split(b"\n")[:-1] if b'"metrics": {' in line}
     (torn_question,) = [q for i, q, _ in questions if i not in kept]
     lm = ScriptedLM(gold_reply(questions))
-    with caplog.at_level(logging.WARNING, "ragsuite.evaluate"), dspy.context(lm=lm):
+    with caplog.at_level(logging.WARNING, "ragsuite.evaluation"), dspy.context(lm=lm):
         result = evaluate(
             OneStage(), make_examples(questions), dataset="hotpotqa", out_dir=tmp_path, progress=False
         )
@@ -400,7 +400,7 @@ def test_the_failure_warning_shows_the_whole_cause_first(tmp_path, caplog, monke
 
     question = "Which " + "very " * 80 + "long question is this?"
     examples = make_examples([("long", question, "none")])
-    with caplog.at_level(logging.WARNING, "ragsuite.evaluate"), dspy.context(lm=ScriptedLM(gold_reply())):
+    with caplog.at_level(logging.WARNING, "ragsuite.evaluation"), dspy.context(lm=ScriptedLM(gold_reply())):
         result = evaluate(OneStage(retriever=Broken()), examples, dataset="hotpotqa", progress=False)
     assert result.errors == 1
     line = next(r.getMessage() for r in caplog.records if "RetrievalError" in r.getMessage())

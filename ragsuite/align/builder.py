@@ -64,15 +64,8 @@ from ragsuite.align.pairs import (
 from ragsuite.data.datasets import get_dataset_info
 from ragsuite.data.metrics import score_metric
 from ragsuite.errors import ConfigError, RagsuiteError
-from ragsuite.evaluate import (
-    SUMMARY,
-    RunStore,
-    _CallCounter,
-    _Usage,
-    example_id,
-    examples_fingerprint,
-    json_text,
-)
+from ragsuite.evaluation import SUMMARY, RunStore, example_id, examples_fingerprint, json_text
+from ragsuite.evaluation.example import CallCounter, TokenUsage
 from ragsuite.files import atomic_write_text, lock_directory
 from ragsuite.lm import LMEndpointError, explain_lm_error, redact
 from ragsuite.programs.base import RAGProgram, RunLedger, run_concurrently
@@ -555,7 +548,7 @@ def _build_one(
     judge_lm: Any,
     dataset: str,
 ) -> dict[str, Any]:
-    counter, usage = _CallCounter(), _Usage()
+    counter, usage = CallCounter(), TokenUsage()
     overrides = {
         "track_usage": True,
         "usage_tracker": usage,

@@ -263,7 +263,7 @@ def _build(args: argparse.Namespace) -> int:
     from ragsuite.cli.data_args import answer_style, data_source, show_progress
     from ragsuite.cli.eval import build_lms, build_program
     from ragsuite.data.datasets import get_dataset_info
-    from ragsuite.evaluate import example_id, git_revision, package_versions
+    from ragsuite.evaluation import example_id, git_revision, package_versions
     from ragsuite.lm import set_stage_lms
 
     if args.threads < 1:

@@ -351,7 +351,7 @@ def _score(
         RagsuiteError: when no question could be scored (the first error is quoted).
     """
     from ragsuite.cli.data_args import answer_style, show_progress
-    from ragsuite.evaluate import evaluate
+    from ragsuite.evaluation import evaluate
 
     result = evaluate(
         program, examples, dataset=answer_style(args), threads=args.threads, progress=show_progress(args)

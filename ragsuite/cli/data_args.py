@@ -153,7 +153,7 @@ def data_source(args: argparse.Namespace) -> dict[str, Any]:
 
 def holdout_metadata(args: argparse.Namespace, *, train: Sequence[Any], val: Sequence[Any]) -> dict[str, Any]:
     """``{"holdout": ...}`` for a program file: the source and ids of the examples optimization saw."""
-    from ragsuite.evaluate import example_id
+    from ragsuite.evaluation import example_id
 
     return {
         HOLDOUT_KEY: {
@@ -172,7 +172,7 @@ def exclude_holdout(program: Any, examples: Sequence[Any], *, allow_overlap: boo
         The examples to evaluate and how many were left out (0 with ``allow_overlap``; then a note says how
         many overlap).
     """
-    from ragsuite.evaluate import example_id
+    from ragsuite.evaluation import example_id
 
     holdout = (getattr(program, "optimization", None) or {}).get(HOLDOUT_KEY) or {}
     seen = {str(i) for i in [*(holdout.get("train_ids") or []), *(holdout.get("val_ids") or [])]}

@@ -1,4 +1,4 @@
-"""``ragsuite eval``: evaluate a program on a dataset with a real LM, resumably (:mod:`ragsuite.evaluate`).
+"""``ragsuite eval``: evaluate a program on a dataset with a real LM, resumably (:mod:`ragsuite.evaluation`).
 
 Example:
     ragsuite eval --program deepnote --dataset hotpotqa --lm openai/gpt-4o-mini --limit 200 --threads 16 \\
@@ -369,7 +369,7 @@ def _run(args: argparse.Namespace) -> int:
         show_progress,
     )
     from ragsuite.data.datasets import get_dataset_info
-    from ragsuite.evaluate import evaluate, example_id, examples_fingerprint, git_revision, package_versions
+    from ragsuite.evaluation import evaluate, example_id, examples_fingerprint, git_revision, package_versions
     from ragsuite.lm import set_stage_lms
 
     if args.threads < 1:
@@ -441,7 +441,7 @@ def _run(args: argparse.Namespace) -> int:
             tracking.log_metrics(summary_metrics(result.summary))
             for name in ("summary.json", "manifest.json"):
                 tracking.log_artifact(args.out / name, artifact_path="run")
-    from ragsuite.evaluate import format_table
+    from ragsuite.evaluation import format_table
 
     print(format_table([result.summary]))
     print(f"\nrecords: {args.out / 'records.jsonl'}  summary: {args.out / 'summary.json'}")

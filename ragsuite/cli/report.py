@@ -47,7 +47,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 
     Record lines that cannot be used (torn by a kill, corrupt, of the wrong shape) are skipped, each named
     on stderr with its ``file:line`` and why."""
-    from ragsuite.evaluate import MANIFEST, RECORDS, SUMMARY, read_records, summarize
+    from ragsuite.evaluation import MANIFEST, RECORDS, SUMMARY, read_records, summarize
 
     manifest_path = run_dir / MANIFEST
     if not manifest_path.is_file():
@@ -97,7 +97,7 @@ def _read_object(path: Path) -> dict[str, Any] | None:
 def scored_questions(run_dir: Path) -> dict[str, dict[str, Any]]:
     """Each finished question's metrics and type, by question id (failed questions are left out, as in the
     summary's means)."""
-    from ragsuite.evaluate import RECORDS, read_records
+    from ragsuite.evaluation import RECORDS, read_records
 
     if not (run_dir / RECORDS).is_file():
         return {}
@@ -202,7 +202,7 @@ def type_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsuite.evaluate import format_table
+    from ragsuite.evaluation import format_table
     from ragsuite.tables import parse_markdown, render_table
 
     rows = [load_run(run_dir) for run_dir in args.runs]

@@ -1,7 +1,7 @@
 """Optuna search over a program's numeric and categorical knobs, scored on a validation split.
 
 Each trial samples knobs from the program class's ``search_space(trial)``, builds the program, and runs it on
-the validation examples through :func:`ragsuite.evaluate.evaluate` (threads, cost ledger). The first trial
+the validation examples through :func:`ragsuite.evaluation.evaluate` (threads, cost ledger). The first trial
 of a new study is the paper's defaults (``cls.default_knobs()``). Objectives are ``quality`` (the dataset's
 primary metric, maximized) optionally followed by costs to minimize: ``lm_calls``, ``tokens`` (input +
 output) or ``retrievals`` per question; with several objectives the Pareto front is reported and plotted.
@@ -497,7 +497,7 @@ def _jsonable(value: Any) -> Any:
 
 def _check_study_config(study: optuna.Study, config: dict[str, Any]) -> None:
     """Record the study's configuration, or refuse to add trials made under another one."""
-    from ragsuite.evaluate import config_diff
+    from ragsuite.evaluation import config_diff
 
     saved = study.user_attrs.get("config")
     if saved is None:
@@ -626,7 +626,7 @@ def tune(
         pick: Write this trial (number) instead of the best one, e.g. a chosen Pareto point.
         program_kwargs: Fixed constructor arguments for every trial (not tuned).
         stage_lms: Per-stage LMs (``{"route": small_lm}``) given to every trial's program.
-        evaluate_fn: Replacement for :func:`ragsuite.evaluate.evaluate` (same signature and result).
+        evaluate_fn: Replacement for :func:`ragsuite.evaluation.evaluate` (same signature and result).
         run_config: Further settings that define the study (e.g. the split seed); stored with it like the
             program, dataset, validation examples, LMs, retriever, metric and objectives, and compared when
             the study is resumed.
@@ -681,7 +681,7 @@ def tune(
             f"{', '.join(info.metrics)}"
         )
     if evaluate_fn is None:
-        from ragsuite.evaluate import evaluate as evaluate_fn
+        from ragsuite.evaluation import evaluate as evaluate_fn
     out = Path(out_dir).expanduser() if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -699,7 +699,7 @@ def tune(
         make_sampler(sampler, seed=seed, n_objectives=len(objectives)),
         pruner if prune else optuna.pruners.NopPruner(),
     )
-    from ragsuite.evaluate import example_id, examples_fingerprint
+    from ragsuite.evaluation import example_id, examples_fingerprint
 
     _check_study_config(
         study,
