@@ -340,3 +340,74 @@ def test_a_malformed_reply_costs_two_requests_for_one_stage_call(examples):
     assert record["stats"]["lm_calls"] == 1 and record["stats"]["fallbacks"] == 1
     assert record["tokens"]["requests"] == server.chat_requests == 2  # asked again by DSPy's JSON adapter
     assert "| 1.00 | 2.00 | 1.00 |" in format_table([result.summary])  # LM calls/q, requests/q, fallbacks/q
+
+
+def test_the_former_module_re_exports_every_public_name() -> None:
+    import ragsuite.evaluate as former
+    import ragsuite.evaluation as evaluation
+
+    assert former.__all__ == evaluation.__all__
+    for name in evaluation.__all__:
+        assert getattr(former, name) is getattr(evaluation, name), name
+
+
+def test_daemon_thread_pool_runs_cancels_and_never_blocks_exit() -> None:
+    from concurrent.futures import CancelledError
+
+    from ragsuite.evaluation.engines import DaemonThreadPool
+
+    pool = DaemonThreadPool(2, name="test-pool")
+    gate = threading.Event()
+    try:
+        blocked = [pool.submit(gate.wait, 30) for _ in range(2)]  # both workers busy
+        queued = pool.submit(lambda: 1)
+        assert pool.submit(lambda: 1 / 0) is not None
+        time.sleep(0.05)
+        workers = [t for t in threading.enumerate() if t.name.startswith("test-pool")]
+        assert len(workers) == 2 and all(t.daemon for t in workers)
+        assert not queued.done()
+        pool.shutdown(wait=False, cancel_futures=True)
+        assert queued.cancelled()
+        with pytest.raises(CancelledError):
+            queued.result()
+    finally:
+        gate.set()
+    assert all(f.result(timeout=5) is True for f in blocked)
+    for thread in workers:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+
+    pool = DaemonThreadPool(1, name="test-pool")
+    failed = pool.submit(lambda: 1 / 0)
+    done = pool.submit(lambda x, *, y: x + y, 1, y=2)
+    assert done.result(timeout=5) == 3
+    assert isinstance(failed.exception(timeout=5), ZeroDivisionError)
+    pool.shutdown(wait=True)
+
+
+@pytest.mark.parametrize("engine", ["threads", "async"])
+def test_max_errors_starts_no_example_after_the_last_failure(examples, engine) -> None:
+    """Every example fails; with max_errors=2 and one slot, the run stops after exactly two."""
+    started = []
+
+    class Failing(RAGProgram):
+        name: ClassVar[str] = "failing"
+
+        def forward(self, question: str) -> dspy.Prediction:
+            from ragsuite.errors import RetrievalError
+
+            started.append(question)
+            raise RetrievalError("the index is gone")
+
+    with dspy.context(lm=ScriptedLM(lambda request: {"answer": "x"})):
+        result = evaluate(
+            Failing(),
+            examples[:6],
+            dataset="hotpotqa",
+            threads=1,
+            engine=engine,
+            max_errors=2,
+            progress=False,
+        )
+    assert result.stopped == "max_errors=2 reached"
+    assert result.errors == 2 and len(started) == 2

@@ -387,6 +387,30 @@ def test_sigterm_and_ctrl_c_keep_the_records_and_write_the_summary(tmp_path, sig
     assert summary["stopped"] == stopped
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["threads", "async"])
+def test_an_interrupt_does_not_wait_for_the_examples_in_flight(tmp_path, engine):
+    """Every LM call takes a minute: SIGTERM must still end the run at once (the examples in flight are
+    dropped and run again on resume), with the summary written."""
+    data = write_dataset(tmp_path / "data")
+    out = tmp_path / "run"
+    with LocalOpenAIServer(gold_reply(), latency=60.0) as server:
+        process = start_eval(server, data, out, tmp_path, "--threads", "2", "--engine", engine)
+        try:
+            wait_for(lambda: server.chat_requests >= 2, process, "two examples in flight")
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+            waited = time.monotonic() - started
+        finally:
+            stop(process)
+    assert process.returncode == 143, stderr
+    assert waited < 20, f"the run took {waited:.0f} s to stop"
+    summary = json.loads((out / SUMMARY).read_text())
+    assert summary["n"] == 0 and summary["total"] == 4 and summary["stopped"] == "terminated (SIGTERM)"
+    assert not record_lines(out)
+
+
 # ------------------------------------------------------------------ the failure warning
 def test_the_failure_warning_shows_the_whole_cause_first(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-abcdefghijklmnop1234")

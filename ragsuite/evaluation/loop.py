@@ -270,7 +270,11 @@ class _Collector:
         """Write the summary of the finished records, and return them or raise what stopped the run."""
         self.bar.close()
         by_id = {**self.done, **self.new}
-        if self.store is not None and isinstance(self.deferred, KeyboardInterrupt):
+        if (
+            self.store is not None
+            and isinstance(self.deferred, KeyboardInterrupt)
+            and self.store.records_path.exists()  # none when interrupted before the first record
+        ):
             # The interrupt can land between writing a record and noting it: what is on disk is the truth.
             self.store.close()
             by_id = {**by_id, **read_records(self.store.records_path).records}
