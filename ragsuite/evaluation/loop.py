@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import queue
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +92,7 @@ def evaluate(
             ``"async"``: one event loop (in one thread) awaiting ``program.acall(...)`` for up to
             ``threads`` examples at once; programs without ``aforward`` run in worker threads. Records,
             resuming and interrupts are the same for both.
-        out_dir: Run directory to persist to and resume from (see the module docstring); None keeps
+        out_dir: Run directory to persist to and resume from (see :mod:`ragsuite.evaluation`); None keeps
             everything in memory. The directory is locked for the run: a second run on it is refused.
         progress: Show a progress bar with the running score, LM calls and tokens.
         on_record: Called in the caller's thread with each new record (``record["metrics"]`` holds the
@@ -169,18 +170,24 @@ def _execute(
     )  # fmt: skip
     runner = ExampleRunner(program, dataset=dataset, halt=halt)
     pool = start_engine(engine, runner, threads=threads, context=contextvars.copy_context())
-    in_flight: set[Future[dict[str, Any] | None]] = set()
+    # Each future lands here when done (concurrent.futures.wait would lock every future in flight per call).
+    finished: queue.SimpleQueue[Future[dict[str, Any] | None]] = queue.SimpleQueue()
+    in_flight = 0
     try:
         while True:
             # At most 2 * threads examples ahead of the records handled here: a worker that finishes one
             # starts the next at once, and a stop asked by on_record takes effect quickly.
-            while not halt.is_set() and len(in_flight) < 2 * threads and (item := next(todo, None)):
-                in_flight.add(pool.submit(*item))
+            while not halt.is_set() and in_flight < 2 * threads and (item := next(todo, None)):
+                pool.submit(*item).add_done_callback(finished.put)
+                in_flight += 1
             if not in_flight:
                 break
-            finished, in_flight = wait(in_flight, timeout=0.5, return_when=FIRST_COMPLETED)
-            for future in finished:
-                collector.take(future)
+            try:
+                future = finished.get(timeout=0.5)  # a timeout keeps Ctrl-C responsive
+            except queue.Empty:
+                continue
+            in_flight -= 1
+            collector.take(future)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: drop the examples in flight, keep the finished
         halt.set()
         pool.close(wait=False)

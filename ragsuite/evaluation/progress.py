@@ -2,6 +2,7 @@
 and tokens per question.
 
 Example:
+    >>> from ragsuite.evaluation.progress import ProgressBar
     >>> bar = ProgressBar(50, initial=0, dataset="hotpotqa", enabled=True)
     >>> bar.add(record)
     >>> bar.close()
