@@ -11,7 +11,12 @@ import pytest
 
 from ragsuite.cli import main
 from ragsuite.errors import ConfigError
-from ragsuite.programs.complexity import ComplexityClassifier, complexity_label
+from ragsuite.programs.complexity import (
+    ComplexityClassifier,
+    TransformerComplexityClassifier,
+    complexity_label,
+    load_classifier,
+)
 from ragsuite.programs.ircot import AdaptiveRAG
 from tests.test_reasoning_baselines import fresh, run, scripted, stage_requests
 
@@ -79,26 +84,26 @@ def test_saved_classifier_reloads_identically_and_corrupt_files_are_refused(tmp_
     questions, labels = toy(NAMES)
     classifier = ComplexityClassifier(dims=2048).fit(questions, labels, epochs=50)
     classifier.save(tmp_path / "clf")
-    loaded = ComplexityClassifier.load(tmp_path / "clf")
+    loaded = load_classifier(tmp_path / "clf")
     assert loaded.predict_proba(questions[0]) == classifier.predict_proba(questions[0])
     assert loaded.training["examples"] == len(questions)
 
     with pytest.raises(ConfigError, match="ragsuite classifier train"):
-        ComplexityClassifier.load(tmp_path / "missing")
+        load_classifier(tmp_path / "missing")
     weights = tmp_path / "clf" / "weights.npy"
     data = weights.read_bytes()
     weights.write_bytes(data[:-8] + bytes(b ^ 0xFF for b in data[-8:]))  # bit rot in the last values
     with pytest.raises(ConfigError, match="checksum"):
-        ComplexityClassifier.load(tmp_path / "clf")
+        load_classifier(tmp_path / "clf")
     # A pickled object array with a matching checksum is still refused: the file holds numbers only.
     np.save(weights, np.array([{"x": 1}], dtype=object), allow_pickle=True)
     config = json.loads((tmp_path / "clf" / "classifier.json").read_text())
     from ragsuite.data.datasets import file_sha256
 
-    config["weights_sha256"] = file_sha256(weights)
+    config["files"]["weights.npy"] = file_sha256(weights)
     (tmp_path / "clf" / "classifier.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="not a readable weight matrix"):
-        ComplexityClassifier.load(tmp_path / "clf")
+        load_classifier(tmp_path / "clf")
 
 
 @pytest.fixture
@@ -181,7 +186,7 @@ def test_cli_trains_from_three_runs(tmp_path, capsys) -> None:
     unanswered = sum(1 for i, y in enumerate(labels) if y == "C" and i % 3 == 0)
     assert report["labelled_by_dataset_bias"] == unanswered
     assert report["holdout"] == len(questions) // 4 and report["holdout_accuracy"] >= 0.8
-    assert ComplexityClassifier.load(out).predict(MULTI[2].format("zenith")) == "C"
+    assert load_classifier(out).predict(MULTI[2].format("zenith")) == "C"
 
 
 def test_cli_refuses_runs_on_different_datasets(tmp_path, capsys) -> None:
@@ -191,3 +196,48 @@ def test_cli_refuses_runs_on_different_datasets(tmp_path, capsys) -> None:
     assert main([*argv, "--out", str(tmp_path / "clf")]) == 2
     assert "different datasets" in capsys.readouterr().err
     assert not (tmp_path / "clf").exists()
+
+
+def test_a_config_naming_files_outside_its_directory_is_refused(tmp_path) -> None:
+    directory = ComplexityClassifier(dims=64).save(tmp_path / "clf")
+    (tmp_path / "secret").write_text("x")
+    config = json.loads((directory / "classifier.json").read_text())
+    from ragsuite.data.datasets import file_sha256
+
+    config["files"]["../secret"] = file_sha256(tmp_path / "secret")
+    (directory / "classifier.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="outside its directory"):
+        load_classifier(directory)
+
+
+def test_a_fine_tuned_checkpoint_classifies_reloads_and_routes(tmp_path, capsys) -> None:
+    """The paper's kind of classifier: a (tiny, random) pretrained encoder fine-tuned on the labels."""
+    from tests.tiny_encoder import build_tiny_encoder
+
+    questions, labels = toy(NAMES)
+    (tmp_path / "encoder").mkdir()
+    encoder = build_tiny_encoder(questions, tmp_path / "encoder", vocab_size=200)
+    before = TransformerComplexityClassifier(encoder, local_only=True).accuracy(questions, labels)
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)  # dropout's draws
+    classifier = TransformerComplexityClassifier(encoder, local_only=True).fit(
+        questions, labels, epochs=30, learning_rate=1e-3, batch_size=16
+    )
+    # A 1-layer, 32-wide random encoder is no T5: ask that fine-tuning learns, not that it is perfect.
+    report = classifier.training
+    assert report["last_epoch_loss"] < 0.5 * report["first_epoch_loss"]
+    assert report["train_accuracy"] > before and report["train_accuracy"] >= 0.6
+
+    saved = classifier.save(tmp_path / "clf")
+    loaded = load_classifier(saved)
+    assert isinstance(loaded, TransformerComplexityClassifier)
+    question = MULTI[0].format("zenith")
+    assert loaded.predict_proba(question) == pytest.approx(classifier.predict_proba(question), abs=1e-6)
+    lm = scripted(complexity=["A"], thought=["Spielberg directed Jaws.", "So the answer is Cincinnati."])
+    prediction = run(AdaptiveRAG(retriever=fresh(), classifier=str(saved)), lm, question=question)
+    assert prediction.route == loaded.predict(question) and stage_requests(lm, "complexity") == []
+
+    weights = next((saved / "model").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
+    with pytest.raises(ConfigError, match="checksum"):
+        load_classifier(saved)

@@ -57,11 +57,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("single", "multi"),
         help="the dataset's inductive bias for unanswered questions (default: from the runs' dataset)",
     )
-    train.add_argument("--epochs", type=int, default=200, help="gradient steps (default 200)")
+    train.add_argument(
+        "--model",
+        default="hashed",
+        metavar="NAME",
+        help="'hashed' (default: logistic regression over hashed n-grams, NumPy, seconds on a CPU) or a "
+        "checkpoint to fine-tune as a sequence classifier, as the paper fine-tunes T5-Large: a local "
+        "directory or a Hugging Face Hub name such as google-t5/t5-large (needs the train extra)",
+    )
+    train.add_argument(
+        "--epochs", type=int, help="passes over the questions (default: 200 for hashed, 3 for a checkpoint)"
+    )
+    train.add_argument(
+        "--learning-rate", type=float, help="step size (default: 0.5 for hashed, 3e-5 for a checkpoint)"
+    )
+    train.add_argument("--batch-size", type=int, default=16, help="questions per step of a checkpoint (16)")
     train.add_argument(
         "--holdout", type=float, default=0.2, help="share of labelled questions held out to report accuracy"
     )
-    train.add_argument("--seed", type=int, default=0, help="seed of the hold-out split (default 0)")
+    train.add_argument(
+        "--seed", type=int, default=0, help="seed of the hold-out split and of fine-tuning (default 0)"
+    )
     train.add_argument("--json", action="store_true", help="print the training report as JSON")
     train.set_defaults(func=run_train)
 
@@ -136,7 +152,11 @@ def label_runs(
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ragsuite.programs.complexity import COMPLEXITY_LABELS, ComplexityClassifier
+    from ragsuite.programs.complexity import (
+        COMPLEXITY_LABELS,
+        ComplexityClassifier,
+        TransformerComplexityClassifier,
+    )
 
     if not 0 <= args.holdout < 1:
         raise ConfigError(f"--holdout must be in [0, 1), not {args.holdout}")
@@ -151,7 +171,13 @@ def run_train(args: argparse.Namespace) -> int:
     train_y = [y for i, y in enumerate(labels) if i not in held]
     if not train_q:
         raise ConfigError("no questions left to train on; lower --holdout or evaluate more questions")
-    classifier = ComplexityClassifier().fit(train_q, train_y, epochs=args.epochs)
+    settings = {k: v for k, v in (("epochs", args.epochs), ("learning_rate", args.learning_rate)) if v}
+    if args.model == "hashed":
+        classifier = ComplexityClassifier().fit(train_q, train_y, **settings)
+    else:
+        classifier = TransformerComplexityClassifier(args.model, seed=args.seed).fit(
+            train_q, train_y, batch_size=args.batch_size, seed=args.seed, **settings
+        )
     held_q = [questions[i] for i in sorted(held)]
     held_y = [labels[i] for i in sorted(held)]
     held_accuracy = classifier.accuracy(held_q, held_y)

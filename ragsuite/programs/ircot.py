@@ -32,7 +32,7 @@ from dspy.utils.exceptions import AdapterParseError
 from ragsuite.aio import invoke, run_sync
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, RunLedger, register
-from ragsuite.programs.complexity import ComplexityClassifier
+from ragsuite.programs.complexity import load_classifier
 from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
@@ -229,7 +229,7 @@ class AdaptiveRAG(IRCoT):
         )
         self.classifier = None if classifier is None else str(classifier)
         # Loaded once here, so a missing or corrupt classifier fails before any question runs.
-        self._trained = None if classifier is None else ComplexityClassifier.load(classifier)
+        self._trained = None if classifier is None else load_classifier(classifier)
         self.classify = dspy.Predict(QueryComplexity)
         self.direct = dspy.Predict(answer_signature(task, "none"))
 
