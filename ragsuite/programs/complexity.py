@@ -308,7 +308,7 @@ class TransformerComplexityClassifier(_Classifier):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 self.model = AutoModelForSequenceClassification.from_pretrained(
-                self.source,
+                    self.source,
                     num_labels=len(COMPLEXITY_LABELS),
                     id2label=dict(enumerate(COMPLEXITY_LABELS)),
                     label2id={label: i for i, label in enumerate(COMPLEXITY_LABELS)},
