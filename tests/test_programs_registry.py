@@ -35,11 +35,12 @@ EXPECTED = {
     "flare-instruct",
     "flare-direct",
     "self-rag-prompted",
+    "self-rag",
 }
 
 #: Programs that read token log probabilities: they run against the local OpenAI-compatible server (whose
 #: replies carry them) rather than the in-process scripted LM (which has none).
-NEEDS_LOGPROBS = {"flare-direct"}
+NEEDS_LOGPROBS = {"flare-direct", "self-rag"}
 
 
 def test_registry_lists_every_program() -> None:
