@@ -38,13 +38,10 @@ EXPECTED = {
     "self-rag",
 }
 
-#: Programs that read token log probabilities: they run against the local OpenAI-compatible server (whose
-#: replies carry them) rather than the in-process scripted LM (which has none).
-NEEDS_LOGPROBS = {"flare-direct", "self-rag"}
-
 
 def test_registry_lists_every_program() -> None:
     assert set(programs.names()) == EXPECTED
+    assert {n for n in EXPECTED if programs.get(n).NEEDS_LOGPROBS} == {"flare-direct", "self-rag"}
     for name in EXPECTED:
         cls = programs.get(name)
         assert cls.name == name
@@ -61,7 +58,9 @@ def test_program_answers_every_datasets_questions(name: str, data_dir) -> None:
         corpus = load_corpus(dataset if info.has_corpus else "nq", data_dir)[:300]
         examples = load_dataset(dataset, data_dir=data_dir)[:2]
         responder = grounded_responder({ex.question: ex.answers[0] for ex in examples})
-        server = LocalOpenAIServer(responder).start() if name in NEEDS_LOGPROBS else None
+        # Programs that read token log probabilities run against the local OpenAI-compatible server (whose
+        # replies carry them) rather than the in-process scripted LM (which has none).
+        server = LocalOpenAIServer(responder).start() if cls.NEEDS_LOGPROBS else None
         try:
             if server is not None:
                 lm = build_lm("openai/scripted", api_base=server.api_base, cache=False, retries=0)

@@ -191,6 +191,7 @@ class FlareDirect(RAGProgram):
     """
 
     name: ClassVar[str] = "flare-direct"
+    NEEDS_LOGPROBS: ClassVar[bool] = True
     KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_steps", "theta", "beta")
 
     def __init__(

@@ -365,6 +365,7 @@ class SelfRAG(RAGProgram):
     """
 
     name: ClassVar[str] = "self-rag"
+    NEEDS_LOGPROBS: ClassVar[bool] = True
     KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "threshold", "w_rel", "w_sup", "w_use", "use_seqscore")
 
     def __init__(
