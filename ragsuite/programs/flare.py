@@ -19,6 +19,10 @@ passages replace those in hand and the sentence is written again from them. A co
 as it is. Stopping and the final answer are as in FLARE-instruct. Defaults follow the authors' 2WikiMultihopQA
 configuration: ``theta`` 0.8, ``beta`` 0.4, two passages per retrieval.
 
+Departures from the paper: the LM writes the sentence as a DSPy output field (the paper continues raw text),
+so the probabilities judged are those of the tokens spelling the field's value (``field_token_probs``); a
+sentence whose tokens cannot be matched in the reply is not trusted and is searched for whole.
+
 FLARE-direct needs an LM that returns log probabilities (OpenAI chat models, vLLM); with one that does not,
 it stops with an error naming ``flare-instruct``, the variant for such LMs.
 """
