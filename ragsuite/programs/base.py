@@ -117,6 +117,8 @@ class RAGProgram(dspy.Module):
     #: Keyword arguments of ``forward`` beyond the question -> the example field that fills them (the
     #: evaluation harness passes them; e.g. an oracle router reads the question type).
     EXAMPLE_INPUTS: ClassVar[dict[str, str]] = {}
+    #: Whether the program reads token log probabilities, so its LM must return them (OpenAI, vLLM).
+    NEEDS_LOGPROBS: ClassVar[bool] = False
 
     def __init__(self, *, retriever: Retriever | None = None, task: Task = "short") -> None:
         super().__init__()
