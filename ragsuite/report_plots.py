@@ -323,7 +323,7 @@ def find_studies(path: Path) -> list[Study] | None:
     folders = sorted(p.parent for p in path.glob("*/trials.json")) if path.is_dir() else []
     if folders:
         return [_load_study(folder) for folder in folders]
-    if (path / "study.db").is_file() or path.suffix in (".log", ".journal"):
+    if (path / "study.db").is_file():
         raise DataError(
             f"{path} holds a tune study but no trials.json: the files are written when `ragsuite tune` "
             "finishes; run the same tune command again (it resumes) to write them"

@@ -231,19 +231,19 @@ def run(args: argparse.Namespace) -> int:
         if not all(studies is not None for studies in found):
             runs = [str(p) for p, s in zip(args.runs, found, strict=True) if s is None]
             raise DataError(
-                f"give either eval run directories or tune directories, not both ({', '.join(runs)} "
-                "is not a tune directory)"
+                "give either eval run directories or tune directories, not both (not a tune directory: "
+                f"{', '.join(runs)})"
             )
         return _report_studies([s for studies in found for s in studies or []], args)
     rows = [load_run(run_dir) for run_dir in args.runs]
+    if args.html is not None and len(rows) > 2:
+        raise DataError("--html compares at most two runs; give one or two run directories")
     if args.png is not None:
         for path in write_run_pngs(rows, args.png):
             print(f"wrote {path}", file=sys.stderr)
     if args.html is not None:
         from ragsuite.report_html import write_report
 
-        if len(rows) > 2:
-            raise DataError("--html compares at most two runs; give one or two run directories")
         size = write_report(rows, args.html)
         print(f"wrote {args.html} ({size / 1e6:.2f} MB)", file=sys.stderr)
     if args.json:
