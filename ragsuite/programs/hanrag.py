@@ -32,7 +32,7 @@ from dspy.utils.exceptions import AdapterParseError
 from ragsuite.aio import concurrently, invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, RunLedger, register
+from ragsuite.programs.base import DecisionKnob, RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import (
     ANSWER_FALLBACK,
     DecisionMode,
@@ -236,6 +236,16 @@ class HANRAG(RAGProgram):
                 for knob in ROUTE_WEIGHT_KNOBS.values()
             },
         }
+
+    def decision_knobs(self) -> dict[str, DecisionKnob]:
+        if self.decisions != "probability":
+            return {}
+        knobs = {"end_threshold": DecisionKnob(self.end_check, "enough", "threshold")}
+        if self.filter_mode == "per_passage":  # the batch filter states no per-passage probability
+            knobs["filter_threshold"] = DecisionKnob(self.filter.per_passage, "relevant", "threshold")
+        for route, knob in ROUTE_WEIGHT_KNOBS.items():
+            knobs[knob] = DecisionKnob(self.route, "category", "weights", route)
+        return knobs
 
     @property
     def route_weights(self) -> dict[str, float]:
