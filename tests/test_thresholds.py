@@ -296,3 +296,27 @@ def test_saved_thresholds_reach_the_loaded_predictors(tmp_path):
     loaded = load_program(save_program(program, tmp_path / "h.json"), retriever=fresh())
     assert loaded.filter.per_passage.fields["relevant"]["threshold"] == 0.7
     assert loaded.end_check.fields["enough"]["threshold"] == 0.3
+
+
+@pytest.mark.parametrize(
+    ("probabilities", "reason"),
+    [
+        ({"simple": 1.0}, "failed to parse"),
+        (
+            {"straightforward": 0.0, "single-step": 0.0, "compound": 0.0, "complex": 0.0},
+            "Invalid Choice answer",
+        ),
+        ({"straightforward": 0.0, "single-step": 1.0, "compound": 0.0, "complex": 0.0}, "no positive"),
+    ],
+)
+def test_a_distribution_the_router_cannot_choose_from_falls_back(probabilities, reason):
+    """Unknown labels, no mass at all, or all of it on a route weighted 0: the fallback route, recorded, not a
+    crash."""
+    program = HANRAG(retriever=fresh(), decisions="probability", max_hops=1, route_weight_single_step=0.0)
+    with dspy.context(lm=route_world({"category": {"probabilities": probabilities, "confidence": 0.5}})):
+        prediction = program(question="Which?")
+    assert prediction.route == "single-step"
+    assert prediction.stats["fallbacks"] == 1
+    fallback, event = [e for e in prediction.trace if e["stage"] == "route"]
+    assert fallback["fallback"] == {"category": "single-step"} and reason in fallback["reason"]
+    assert event["weights_applied"] is False

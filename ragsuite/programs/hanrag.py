@@ -75,6 +75,10 @@ def salvage_route(predictor: Callable[..., Any]) -> Callable[..., Any]:
             if len(found) != 1:
                 raise  # no type, or several: not a reply to guess from
             return dspy.Prediction(category=found.pop(), salvaged=True)
+        except ValueError as exc:
+            # DSPy refuses stated probabilities it cannot choose from (other labels, all zero, or all mass on
+            # zero-weight routes) with a ValueError: an unusable reply, so the router's fallback applies.
+            raise AdapterParseError("DecisionAdapter", Route, "", message=str(exc)) from exc
 
     return call
 
@@ -231,10 +235,7 @@ class HANRAG(RAGProgram):
             "filter_threshold": trial.suggest_float("filter_threshold", 0.05, 0.95),
             "end_threshold": trial.suggest_float("end_threshold", 0.05, 0.95),
             # Log scale: halving a weight matters as much as doubling it.
-            **{
-                knob: trial.suggest_float(knob, 0.25, 4.0, log=True)
-                for knob in ROUTE_WEIGHT_KNOBS.values()
-            },
+            **{knob: trial.suggest_float(knob, 0.25, 4.0, log=True) for knob in ROUTE_WEIGHT_KNOBS.values()},
         }
 
     def decision_knobs(self) -> dict[str, DecisionKnob]:
@@ -270,7 +271,8 @@ class HANRAG(RAGProgram):
         category = chosen if chosen in ROUTES else ROUTE_FALLBACK
         details: dict[str, Any] = {"salvaged": True} if routed.get("salvaged") else {}
         if probabilities is not None:
-            details.update(probabilities=probabilities, weights=self.route_weights, weights_applied=True)
+            weights = dict(self.route.fields["category"]["weights"])  # the weights the choice was made with
+            details.update(probabilities=probabilities, weights=weights, weights_applied=True)
         elif self.decisions == "probability" or set(self.route_weights.values()) != {1.0}:
             # A named route (generate mode, a salvaged or fallback reply) has no probabilities to weigh.
             details["weights_applied"] = False
