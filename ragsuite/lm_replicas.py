@@ -7,9 +7,9 @@ the replica with the fewest requests in flight (its ``least-busy`` strategy) and
 for :data:`COOLDOWN_SECONDS`. When every replica has failed, DSPy's own retry loop waits and tries again, with
 the same capped, logged waits as a single server (:class:`ragsuite.lm_client.EndpointLM`).
 
-``least-busy`` rather than LiteLLM's default ``simple-shuffle``: with a 64-thread pool over 4 replicas that
-each serve 4 requests at once, least-busy kept the replicas evenly loaded (0.95 of linear) where random choice
-let queues form on some replicas while others idled (0.86); ``benchmarks/replicas.py`` measures it.
+``least-busy`` rather than LiteLLM's default ``simple-shuffle``: with 64 eval threads over 4 replicas that
+each serve 4 requests at once, least-busy kept the replicas evenly loaded (0.96 of linear) where random choice
+let queues grow on some replicas while others idled (0.86); ``benchmarks/replicas.py --routing NAME``.
 
 The Router is DSPy's engine for the LM (``dspy.LM(engine=...)``, one attempt per DSPy attempt), so DSPy's
 response cache, history, usage tracking and the request ledger work as for one server. Cached answers belong
@@ -199,7 +199,8 @@ class ReplicaLM(EndpointLM):
 
     Args:
         model: The ``dspy.LM`` model string (``openai/SERVED_NAME``).
-        replicas: The replicas' ``/v1`` URLs (``user:password@`` allowed).
+        replicas: The replicas' ``/v1`` URLs (``user:password@`` allowed). ``build_lm`` makes a ReplicaLM for
+            two or more; one is allowed (a Router over one server, for comparisons).
         api_key: The key every replica gets (None: none sent).
         key_env: The variable the key came from (kept when the LM's state is saved).
         timeout: Seconds per request before it fails over.
@@ -221,8 +222,8 @@ class ReplicaLM(EndpointLM):
         max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
         **kwargs: Any,
     ) -> None:
-        if len(replicas) < 2:
-            raise ValueError("ReplicaLM needs at least two replicas; use build_lm for one server")
+        if not replicas:
+            raise ValueError("ReplicaLM needs at least one replica")
         engine, async_engine = _engines(model, replicas, api_key=api_key, key_env=key_env, timeout=timeout)
         public = tuple(_public(url) for url in replicas)
         super().__init__(
