@@ -3,9 +3,10 @@
 Several vLLM servers serving the same model (one per GPU, or one per host) act as one LM: every request goes
 through one ``litellm.Router`` holding one deployment per replica under the same model name. The Router picks
 the replica with the fewest requests in flight (its ``least-busy`` strategy) and, when a replica fails (5xx,
-429, timeout, refused connection), sends the same request to another replica at once and rests the failing one
-for :data:`COOLDOWN_SECONDS`. When every replica has failed, DSPy's own retry loop waits and tries again, with
-the same capped, logged waits as a single server (:class:`ragsuite.lm_client.EndpointLM`).
+429, timeout, refused connection), sends the same request to another replica at once. A replica failing more
+than :data:`ALLOWED_FAILS` time(s) a minute rests for :data:`COOLDOWN_SECONDS` (LiteLLM's cooldown, which
+ignores refused connections). When every replica has failed, DSPy's own retry loop waits and tries again,
+with the same capped, logged waits as a single server (:class:`ragsuite.lm_client.EndpointLM`).
 
 ``least-busy`` rather than LiteLLM's default ``simple-shuffle``: with 64 eval threads over 4 replicas that
 each serve 4 requests at once, least-busy kept the replicas evenly loaded (0.96 of linear) where random choice
