@@ -206,6 +206,9 @@ class ReplicaLM(EndpointLM):
         key_env: The variable the key came from (kept when the LM's state is saved).
         timeout: Seconds per request before it fails over.
         max_retry_wait: Longest wait before a DSPy retry, in seconds.
+        engine: With ``async_engine``, the engines rebuilt from a saved state (``dspy.BaseLM.load_state``)
+            in place of ``replicas``; the key is read from ``key_env`` again, a password is not saved.
+        async_engine: See ``engine``.
         **kwargs: As for ``dspy.LM`` (temperature, max_tokens, num_retries, cache, seed, ...).
 
     Example:
@@ -216,16 +219,25 @@ class ReplicaLM(EndpointLM):
         self,
         model: str,
         *,
-        replicas: Sequence[str],
+        replicas: Sequence[str] | None = None,
         api_key: str | None = None,
         key_env: str | None = None,
         timeout: float = 120.0,
         max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
+        engine: RouterEngine | None = None,
+        async_engine: AsyncRouterEngine | None = None,
         **kwargs: Any,
     ) -> None:
-        if not replicas:
+        if engine is not None:  # loaded from a saved state, which rebuilt the engines
+            if not isinstance(engine, RouterEngine) or not isinstance(async_engine, AsyncRouterEngine):
+                raise TypeError("ReplicaLM's engines are a RouterEngine and an AsyncRouterEngine")
+            replicas, timeout = engine.replicas, engine.timeout
+        elif not replicas:
             raise ValueError("ReplicaLM needs at least one replica")
-        engine, async_engine = _engines(model, replicas, api_key=api_key, key_env=key_env, timeout=timeout)
+        else:
+            engine, async_engine = _engines(
+                model, replicas, api_key=api_key, key_env=key_env, timeout=timeout
+            )
         public = tuple(_public(url) for url in replicas)
         super().__init__(
             model,

@@ -84,6 +84,19 @@ def test_requests_spread_over_every_replica_with_the_same_key(monkeypatch):
     assert "replica-key" not in state and all(base in state for base in bases)
 
 
+def test_saved_state_lists_the_replicas_without_credentials_and_loads_back(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "replica-key-123456")
+    lm = build_lm("openai/m", api_base="http://alice:pw-secret@a:1/v1,http://b:2/v1", seed=1)
+    predict = dspy.Predict("question -> answer")
+    predict.lm = lm
+    text = json.dumps(predict.dump_state())
+    assert "pw-secret" not in text and "alice" not in text and "replica-key" not in text
+    assert '"replicas": ["http://a:1/v1", "http://b:2/v1"]' in text and '"key_env": "VLLM_API_KEY"' in text
+    loaded = dspy.BaseLM.load_state(lm.dump_state(), allow_custom_lm_class=True)
+    assert isinstance(loaded, ReplicaLM) and loaded.replicas == ("http://a:1/v1", "http://b:2/v1")
+    assert loaded.kwargs["seed"] == 1 and loaded.cache_scope == lm.cache_scope
+
+
 @pytest.mark.parametrize("failure", ["server_error", "down"])
 def test_a_failing_replica_s_requests_move_to_another(failure, caplog):
     with servers(2) as (good, bad):
