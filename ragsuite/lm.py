@@ -4,13 +4,15 @@ of secrets from anything that is written or logged.
 LM specs:
     openai/MODEL                 OpenAI (key from ``$OPENAI_API_KEY``), e.g. ``openai/gpt-4o-mini``
     openai/NAME + api_base       any OpenAI-compatible server (vLLM, ``ragsuite serve``) serving NAME
+    openai/NAME + URL1,URL2,...  the same model served by several replicas, spread over them by LiteLLM's
+                                 Router (:mod:`ragsuite.lm_replicas`); also ``vllm:NAME@URL1,URL2``
     vllm:NAME[@URL]              shorthand for a vLLM server; URL defaults to http://127.0.0.1:8000/v1
     PROVIDER/MODEL               any other provider ``dspy.LM`` supports, with its usual environment key
 
 Keys are read from the environment only. An OpenAI-compatible server given by ``api_base`` gets the key in
 ``api_key_env`` (default ``$VLLM_API_KEY``, the variable ``vllm serve`` itself reads) or, when that is unset,
 a placeholder, since a local server started without ``--api-key`` accepts anything. The OpenAI key is never
-sent to a custom ``api_base``.
+sent to a custom ``api_base``. Replicas all get that same key: it goes only to the hosts given.
 
 Example:
     >>> lm = build_lm("vllm:meta-llama/Llama-3.1-8B-Instruct@http://gpu-host:8000/v1")
@@ -26,7 +28,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,27 +70,57 @@ class LMSpec:
         model: The ``dspy.LM`` model string (``openai/NAME`` for OpenAI-compatible servers).
         api_base: The server's ``/v1`` URL, or None for the provider's own endpoint.
         api_key_env: The environment variable holding the key, or None when a placeholder is used.
+        replicas: With several servers for one model, all their URLs (``api_base`` is the first); else empty.
     """
 
     model: str
     api_base: str | None
     api_key_env: str | None
+    replicas: tuple[str, ...] = ()
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """Every server's URL: the replicas, or ``api_base`` alone (none for a provider's own endpoint)."""
+        return self.replicas or ((self.api_base,) if self.api_base else ())
 
     def public(self) -> dict[str, Any]:
-        """The spec as saved in manifests: model and endpoint (credentials stripped), never a key."""
-        return {
-            "model": self.model,
-            "api_base": strip_credentials(self.api_base),
-            "key_env": self.api_key_env,
-        }
+        """The spec as saved in manifests: model and endpoint (credentials stripped; the list of replicas
+        when there are several), never a key."""
+        api_base: Any = strip_credentials(self.api_base)
+        if self.replicas:
+            api_base = [strip_credentials(url) for url in self.replicas]
+        return {"model": self.model, "api_base": api_base, "key_env": self.api_key_env}
 
 
-def parse_lm_spec(spec: str, *, api_base: str | None = None, api_key_env: str | None = None) -> LMSpec:
-    """Resolve a spec (see the module docstring) and an optional ``api_base`` into an :class:`LMSpec`.
+def split_api_bases(api_base: str | Sequence[str] | None) -> list[str]:
+    """``"URL1,URL2"`` or ``["URL1", "URL2,URL3"]`` -> the URLs, without trailing ``/``.
+
+    Raises:
+        ConfigError: an empty item or a server given twice.
+    """
+    if api_base is None:
+        return []
+    items = [api_base] if isinstance(api_base, str) else list(api_base)
+    urls = [part.strip().rstrip("/") for item in items for part in str(item).split(",")]
+    if any(not url for url in urls):
+        raise ConfigError(f"--api-base has an empty item: {redact(','.join(items))!r}")
+    public = [strip_credentials(url) for url in urls]
+    twice = sorted({url for url in public if public.count(url) > 1})
+    if twice:
+        raise ConfigError(f"--api-base names {', '.join(map(str, twice))} twice; give each replica once")
+    return urls
+
+
+def parse_lm_spec(
+    spec: str, *, api_base: str | Sequence[str] | None = None, api_key_env: str | None = None
+) -> LMSpec:
+    """Resolve a spec (see the module docstring) and an optional ``api_base`` (one URL, a comma-separated
+    list or a sequence of them: replicas of one model) into an :class:`LMSpec`.
 
     Raises:
         ConfigError: for a malformed spec.
     """
+    bases = split_api_bases(api_base)
     spec = (spec or "").strip()
     if not spec:
         raise ConfigError(f"empty LM spec; expected {SPEC_HELP}")
@@ -100,23 +132,30 @@ def parse_lm_spec(spec: str, *, api_base: str | None = None, api_key_env: str | 
             name, url = rest[: match.start()], match.group(1)
         if not name:
             raise ConfigError(f"LM spec {spec!r} names no model; expected vllm:SERVED_NAME[@URL]")
-        if url and api_base and url.rstrip("/") != api_base.rstrip("/"):
-            raise ConfigError(f"LM spec {spec!r} and --api-base {api_base} name different servers")
-        base = (url or api_base or DEFAULT_VLLM_BASE).rstrip("/")
-        return LMSpec(f"openai/{name}", _check_url(base), _key_env_for_server(api_key_env))
+        if url and bases and split_api_bases(url) != bases:
+            raise ConfigError(
+                f"LM spec {redact(spec)!r} and --api-base {redact(','.join(bases))} name different servers"
+            )
+        urls = split_api_bases(url) if url else bases or [DEFAULT_VLLM_BASE]
+        return _server_spec(f"openai/{name}", urls, _key_env_for_server(api_key_env))
     provider, slash, name = spec.partition("/")
     if not slash or not provider or not name:
         raise ConfigError(f"LM spec {spec!r} is not PROVIDER/MODEL; expected {SPEC_HELP}")
-    if api_base:
-        return LMSpec(spec, _check_url(api_base.rstrip("/")), _key_env_for_server(api_key_env))
+    if bases:
+        return _server_spec(spec, bases, _key_env_for_server(api_key_env))
     key_env = api_key_env or (f"{provider.upper()}_API_KEY" if provider == "openai" else None)
     return LMSpec(spec, None, key_env)
+
+
+def _server_spec(model: str, urls: list[str], key_env: str | None) -> LMSpec:
+    urls = [_check_url(url) for url in urls]
+    return LMSpec(model, urls[0], key_env, tuple(urls) if len(urls) > 1 else ())
 
 
 def _check_url(url: str) -> str:
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ConfigError(f"API base {url!r} is not an http(s) URL such as http://127.0.0.1:8000/v1")
+        raise ConfigError(f"API base {redact(url)!r} is not an http(s) URL such as http://127.0.0.1:8000/v1")
     return url
 
 
@@ -175,7 +214,7 @@ def resolve_key(spec: LMSpec) -> str | None:
 def build_lm(
     spec: str,
     *,
-    api_base: str | None = None,
+    api_base: str | Sequence[str] | None = None,
     api_key_env: str | None = None,
     temperature: float = 0.1,
     max_tokens: int = 1024,
@@ -195,7 +234,9 @@ def build_lm(
 
     Args:
         spec: See the module docstring.
-        api_base: An OpenAI-compatible server's ``/v1`` URL (vLLM, ``ragsuite serve``).
+        api_base: An OpenAI-compatible server's ``/v1`` URL (vLLM, ``ragsuite serve``); several (a
+            comma-separated list or a sequence) are replicas of one model, spread over by LiteLLM's Router
+            (:class:`ragsuite.lm_replicas.ReplicaLM`).
         api_key_env: Environment variable holding the key (default: ``OPENAI_API_KEY`` for OpenAI,
             ``VLLM_API_KEY`` if set for a server, else a placeholder).
         temperature: Sampling temperature (0.1, as in the papers).
@@ -215,6 +256,7 @@ def build_lm(
     Example:
         >>> lm = build_lm("openai/gpt-4o-mini")          # needs OPENAI_API_KEY
         >>> lm = build_lm("openai/llama", api_base="http://127.0.0.1:8000/v1")
+        >>> lm = build_lm("openai/llama", api_base="http://gpu-1:8000/v1,http://gpu-2:8000/v1")
     """
 
     if retries < 0:
@@ -226,13 +268,6 @@ def build_lm(
     parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env)
     key = resolve_key(parsed)
     kwargs: dict[str, Any] = {}
-    if parsed.api_base:
-        # Credentials in the URL (a server behind HTTP basic auth) go in a header, never in the address.
-        kwargs["api_base"], basic = split_url_credentials(parsed.api_base)
-        if basic:
-            kwargs["extra_headers"] = {"Authorization": basic}
-    if key is not None:
-        kwargs["api_key"] = key
     if seed is not None:
         kwargs["seed"] = seed
     if top_p is not None:
@@ -240,6 +275,29 @@ def build_lm(
     if check:
         check_endpoint(parsed, timeout=min(timeout, 10.0))
     _memoize_pricing_lookup()
+    if parsed.replicas:
+        from ragsuite.lm_replicas import ReplicaLM
+
+        return ReplicaLM(
+            parsed.model,
+            replicas=parsed.replicas,
+            api_key=key,
+            key_env=parsed.api_key_env,
+            timeout=timeout,
+            max_retry_wait=max_retry_wait,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            num_retries=retries,
+            cache=cache,
+            **kwargs,
+        )
+    if parsed.api_base:
+        # Credentials in the URL (a server behind HTTP basic auth) go in a header, never in the address.
+        kwargs["api_base"], basic = split_url_credentials(parsed.api_base)
+        if basic:
+            kwargs["extra_headers"] = {"Authorization": basic}
+    if key is not None:
+        kwargs["api_key"] = key
     from ragsuite.lm_client import EndpointLM
 
     # Cached answers belong to the endpoint that gave them: one served name can mean two different models.
@@ -316,7 +374,8 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
 def check_endpoint(spec: LMSpec, *, timeout: float = 10.0) -> list[str]:
     """Ask an OpenAI-compatible server which models it serves; fail clearly if it cannot be used.
 
-    Only servers given by ``api_base`` are checked (the provider's own endpoint is left alone).
+    Only servers given by ``api_base`` are checked (the provider's own endpoint is left alone); with
+    replicas, every one of them.
 
     Returns:
         The served model ids (empty when nothing was checked).
@@ -324,9 +383,22 @@ def check_endpoint(spec: LMSpec, *, timeout: float = 10.0) -> list[str]:
     Raises:
         LMEndpointError: unreachable server, key refused, or the model not among those served.
     """
-    if not spec.api_base:
-        return []
-    base, basic = split_url_credentials(spec.api_base)
+    served: list[str] = []
+    for url in spec.servers:
+        try:
+            served += [name for name in _check_server(spec, url, timeout=timeout) if name not in served]
+        except LMEndpointError as exc:
+            if spec.replicas:
+                raise LMEndpointError(
+                    f"{exc} (one of {len(spec.replicas)} replicas; leave it out of --api-base to run on the "
+                    "others)"
+                ) from None
+            raise
+    return served
+
+
+def _check_server(spec: LMSpec, api_base: str, *, timeout: float) -> list[str]:
+    base, basic = split_url_credentials(api_base)
     url = f"{base}/models"
     shown = strip_credentials(url)
     key = resolve_key(spec)
@@ -405,7 +477,7 @@ def describe_lm_failure(exc: BaseException, *, lm: Any = None) -> str | None:
     # A read timeout reaches us as a transport error whose advice names the client library's own setting.
     timed_out = isinstance(exc, LMTransportError) and "timed out" in str(exc)
     if isinstance(exc, LMTimeoutError) or timed_out:
-        timeout = (getattr(lm, "kwargs", None) or {}).get("timeout")
+        timeout = (getattr(lm, "kwargs", None) or {}).get("timeout", getattr(lm, "timeout", None))
         limit = f" {timeout:g} s" if isinstance(timeout, (int, float)) else ""
         return (
             f"the LM did not answer within --timeout{limit} on {attempts}; raise --timeout or "
@@ -508,6 +580,7 @@ __all__ = [
     "parse_stage_lms",
     "redact",
     "set_stage_lms",
+    "split_api_bases",
     "split_url_credentials",
     "strip_credentials",
 ]

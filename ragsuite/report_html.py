@@ -1,8 +1,12 @@
 """One self-contained HTML file for one or two eval runs: the summary with 95% intervals, the manifest, a
 searchable and filterable list of questions, and each question's trace as the papers' case-study tables show
 it (DeepNote steps with their queries, passages and notes, accepted or not; HANRAG routes, sub-questions and
-filters; any other event with all its fields). With two runs on the same questions, a comparison view lists
-where they disagree and which one is right, with a paired test per metric.
+filters; any other event with all its fields). A DeepNote or Adaptive-Note step's note is shown as a
+word-level diff against the best note the step set out to improve (computed in the browser, by longest common
+subsequence, for the questions on screen only). With two runs on the same questions, a comparison view lists
+where they disagree and which one is right, with a paired test per metric, and each run's accuracy against
+its cost. For ``ragsuite tune`` studies, :func:`write_tune_report` draws every trial's quality against each
+cost with the Pareto front marked, and lists the front's trials with their knobs.
 
 No network: styles and the script are inline, records are embedded as JSON and rendered page by page in the
 browser, so a run of thousands of questions opens in seconds.
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ragsuite.files import atomic_write_text
+from ragsuite.report_plots import Study, run_scatters, study_scatters, svg_scatter
 from ragsuite.stats import bootstrap_ci, paired_test
 
 
@@ -191,6 +196,10 @@ def write_report(rows: Sequence[dict[str, Any]], out: Path) -> int:
     if len(runs) == 2:
         parts.append("<h2>Comparison (A = first run, B = second)</h2>")
         parts.append(_comparison_html(runs[0], runs[1]))
+    if len(runs) > 1:
+        scatters = run_scatters([r["row"] for r in runs], [r["label"] for r in runs])
+        parts.append("<h2>Accuracy vs cost</h2><p>Each run's mean per question; red: not beaten on both.</p>")
+        parts.append(f"<div class=charts>{''.join(svg_scatter(s) for s in scatters)}</div>")
     parts.append(
         "<h2>Questions</h2><div id=controls><select id=run></select><input id=search placeholder='search'>"
         "<select id=status><option value=''>any outcome</option><option>right</option><option>wrong</option>"
@@ -207,4 +216,73 @@ def write_report(rows: Sequence[dict[str, Any]], out: Path) -> int:
     return len(text.encode("utf-8"))
 
 
-__all__ = ["write_report"]
+def _value(objective: str, value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{100 * value:.1f}" if objective == "quality" else f"{value:.2f}"
+
+
+def _knobs(knobs: dict[str, Any] | None) -> str:
+    return html.escape(", ".join(f"{k}={v}" for k, v in (knobs or {}).items()))
+
+
+def _study_html(study: Study) -> str:
+    """One tune study: quality against each cost with the Pareto front marked, the front's trials with their
+    knobs, and every trial (collapsed)."""
+    states: dict[str, int] = {}
+    for trial in study.trials:
+        states[str(trial.get("state"))] = states.get(str(trial.get("state")), 0) + 1
+    counts = ", ".join(f"{n} {state.lower()}" for state, n in sorted(states.items()))
+    named = [f"quality ({study.quality_metric})" if o == "quality" else o for o in study.objectives]
+    head = "".join(f"<th>{html.escape(o)}</th>" for o in named)
+    by_number = {t["number"]: t for t in study.trials}
+
+    def row(trial: dict[str, Any]) -> str:
+        values = trial.get("values") or [None] * len(study.objectives)
+        cells = "".join(
+            f"<td class=num>{_value(o, v)}</td>" for o, v in zip(study.objectives, values, strict=False)
+        )
+        chosen = " (written to best.json)" if trial["number"] == study.chosen else ""
+        return (
+            f"<tr><td>#{trial['number']}{chosen}</td><td>{html.escape(str(trial.get('state')))}</td>{cells}"
+            f"<td>{_knobs(trial.get('knobs'))}</td></tr>"
+        )
+
+    title = "Pareto front" if len(study.objectives) > 1 else "Best trial"
+    front_rows = "".join(row(by_number[n]) for n in study.front if n in by_number)
+    all_rows = "".join(row(t) for t in study.trials)
+    table = f"<tr><th>trial</th><th>state</th>{head}<th>knobs</th></tr>"
+    where = f" of {html.escape(study.program)}" if study.program else ""
+    on = f" on {html.escape(study.dataset)}" if study.dataset else ""
+    return "\n".join(
+        [
+            f"<h2>Study {html.escape(study.name)}{where}{on}</h2>",
+            f"<p>{len(study.trials)} trials ({html.escape(counts)}); objectives: "
+            f"{html.escape(', '.join(study.objectives))} "
+            f"(quality = {html.escape(study.quality_metric)}, in %; "
+            f"costs are means per question, lower is better). Folder: {html.escape(str(study.path))}</p>",
+            f"<div class=charts>{''.join(svg_scatter(s) for s in study_scatters(study))}</div>",
+            f"<h3>{title} ({len(study.front)} trials)</h3><table class=front>{table}{front_rows}</table>",
+            f"<details><summary>all {len(study.trials)} trials</summary>"
+            f"<table>{table}{all_rows}</table></details>",
+        ]
+    )
+
+
+def write_tune_report(studies: Sequence[Study], out: Path) -> int:
+    """Write the report of ``ragsuite tune`` studies to ``out``; returns its size in bytes."""
+    names = html.escape(", ".join(s.name for s in studies))
+    parts = [
+        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        f"<title>ragsuite tune report: {names}</title>",
+        f"<style>{_asset('report.css')}</style></head><body>",
+        f"<h1>ragsuite tune report: {names}</h1>",
+        *(_study_html(study) for study in studies),
+        "</body></html>",
+    ]
+    text = "\n".join(parts)
+    atomic_write_text(out, text)
+    return len(text.encode("utf-8"))
+
+
+__all__ = ["write_report", "write_tune_report"]

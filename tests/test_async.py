@@ -16,10 +16,12 @@ import pytest
 from ragsuite import programs
 from ragsuite.aio import concurrently, in_thread, invoke, run_sync, synchronous
 from ragsuite.data.datasets import get_dataset_info, load_corpus, load_dataset
+from ragsuite.lm import build_lm
 from ragsuite.programs.hanrag import HANRAG
 from ragsuite.programs.stages import BlendStage, FilterStage
 from ragsuite.retrieval.base import Passage
 from ragsuite.signatures.blendfilter import BlendQueryExternal, BlendQueryInternal
+from ragsuite.testing.openai_server import LocalOpenAIServer
 from ragsuite.testing.responders import grounded_responder
 from ragsuite.testing.retrievers import KeywordRetriever, ListRetriever
 from ragsuite.testing.scripted import ScriptedLM, parse_chat_messages
@@ -69,19 +71,29 @@ def _run_both(
     for mode in ("sync", "async"):
         retriever = KeywordRetriever(corpus)
         program = make_program(retriever)
-        lm = ScriptedLM(make_responder())
-        with dspy.context(lm=lm):
-            if mode == "sync":
-                prediction = program(question=question)
+        # A program that reads token log probabilities gets them from the local OpenAI-compatible server.
+        server = LocalOpenAIServer(make_responder()).start() if program.NEEDS_LOGPROBS else None
+        try:
+            if server is not None:
+                lm = build_lm("openai/scripted", api_base=server.api_base, cache=False, retries=0)
             else:
-                prediction = asyncio.run(program.acall(question=question))
+                lm = ScriptedLM(make_responder())
+            with dspy.context(lm=lm):
+                if mode == "sync":
+                    prediction = program(question=question)
+                else:
+                    prediction = asyncio.run(program.acall(question=question))
+            requests = server.requests if server is not None else lm.requests
+        finally:
+            if server is not None:
+                server.stop()
         results.append(
             (
                 prediction.answer,
                 [p.id for p in prediction.passages],
                 dict(prediction.stats),
                 _trace_key(prediction.trace),
-                len(lm.requests),
+                len(requests),
                 sorted(retriever.queries),
                 prediction.get("route"),
             )

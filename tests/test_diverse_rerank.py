@@ -88,6 +88,7 @@ def test_registered_with_defaults_and_stage_names() -> None:
         "n": 10,
         "rerank_by": "auto",
         "rerank_depth": 100,
+        "score_threshold": 0.0,
     }
     program = DiverseRerank(retriever=ListRetriever(CORPUS), rerank_by="lm")
     names = {name.split(".")[0] for name, _ in program.named_predictors()}
@@ -140,6 +141,31 @@ def test_lm_rerank_scores_every_pool_passage_per_knowledge_query() -> None:
     assert ids(prediction.passages) == ["a", "b", "e"]
 
 
+@pytest.mark.parametrize(
+    ("threshold", "initial", "passages", "score_calls"),
+    [
+        # 0 keeps every candidate: the ranking of the test above, 3 x 5 score calls.
+        (0.0, ["b", "d", "c", "e", "a"], ["a", "b", "e"], 15),
+        # Initial b8 d6 | c3 e1 a0 dropped; the descriptions score b, d only. ALI: b2 d0 -> b (the best,
+        # kept below the threshold); DEKKERS: b8 d6 -> b, d.
+        (5.0, ["b", "d"], ["b", "d"], 5 + 2 + 2),
+        # Nothing reaches 9: each ranking keeps its best candidate alone.
+        (9.0, ["b"], ["b"], 5 + 1 + 1),
+    ],
+)
+def test_lm_rerank_score_threshold_drops_low_scored_candidates(threshold, initial, passages, score_calls):
+    retriever = ListRetriever(CORPUS, {QUESTION: ["a", "b", "c", "d", "e"]})
+    program = DiverseRerank(
+        retriever=retriever, pool_k=5, declare_top=1, n=3, rerank_by="lm", score_threshold=threshold
+    )
+    prediction, lm = run(program)
+    assert len([r for r in lm.requests if "score" in r.output_fields]) == score_calls
+    first = next(e for e in prediction.trace if e["stage"] == "rerank")
+    assert first["passage_ids"] == initial
+    assert first.get("dropped", []) == [p for p in ["a", "b", "c", "d", "e"] if p not in initial]
+    assert ids(prediction.passages) == passages
+
+
 def test_declare_top_zero_summarizes_without_reading_documents() -> None:
     prediction, lm = run(DiverseRerank(retriever=ListRetriever(CORPUS, TABLE), declare_top=0))
     assert not any("required_knowledge" in r.output_fields for r in lm.requests)
@@ -177,7 +203,15 @@ def test_second_retriever_failure_names_the_question() -> None:
 
 @pytest.mark.parametrize(
     "knobs",
-    [{"pool_k": 0}, {"declare_top": -1}, {"n": 0}, {"rerank_by": "cross-encoder"}, {"rerank_depth": 0}],
+    [
+        {"pool_k": 0},
+        {"declare_top": -1},
+        {"n": 0},
+        {"rerank_by": "cross-encoder"},
+        {"rerank_depth": 0},
+        {"score_threshold": 11},
+        {"score_threshold": -0.5},
+    ],
 )
 def test_bad_knobs_are_refused(knobs) -> None:
     with pytest.raises(ConfigError):

@@ -97,6 +97,10 @@ def test_registered_with_paper_defaults() -> None:
         "decisions": "generate",
         "filter_threshold": 0.5,
         "end_threshold": 0.5,
+        "route_weight_straightforward": 1.0,
+        "route_weight_single_step": 1.0,
+        "route_weight_compound": 1.0,
+        "route_weight_complex": 1.0,
     }
     names = {name.split(".")[0] for name, _ in HANRAG(retriever=ListRetriever(CORPUS)).named_predictors()}
     assert names == {"route", "decompose", "refine_seed", "end_check", "filter", "answer"}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import time
+import urllib.error
 import urllib.request
 
 import dspy
@@ -16,7 +18,7 @@ from dspy.utils.exceptions import (
 )
 
 from ragsuite.lm import build_lm, explain_lm_error
-from ragsuite.testing.openai_server import Fault, LocalOpenAIServer, word_count
+from ragsuite.testing.openai_server import Fault, LocalOpenAIServer, Reply, TokenLogprob, word_count
 
 
 def capital(request):
@@ -116,3 +118,140 @@ def test_fault_fn_targets_one_question_and_server_stops_cleanly():
         server.stop()
     with pytest.raises(RuntimeError, match="not running"):
         _ = server.api_base
+
+
+# ---------------------------------------------------------------------------- log probabilities
+def _post(server: LocalOpenAIServer, path: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"{server.api_base}/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_chat_logprobs_reach_dspy_lm_in_openai_format():
+    def responder(request):
+        return Reply({"answer": "Paris is nice"}, word_probs={"Paris": 0.25, "nice": 0.5})
+
+    with LocalOpenAIServer(responder, default_logprob=-0.01) as server:
+        lm = dspy.LM(
+            "openai/scripted",
+            api_base=server.api_base,
+            api_key="unused",
+            cache=False,
+            logprobs=True,
+            top_logprobs=3,
+        )
+        prediction = ask(lm)
+        assert prediction.answer == "Paris is nice"
+        content = prediction.logprobs["content"]
+        text = "[[ ## answer ## ]]\nParis is nice\n\n[[ ## completed ## ]]"
+        assert "".join(t["token"] for t in content) == text
+        by_token = {t["token"].strip(): t for t in content}
+        assert by_token["Paris"]["logprob"] == pytest.approx(math.log(0.25))
+        assert by_token["nice"]["logprob"] == pytest.approx(math.log(0.5))
+        assert by_token["is"]["logprob"] == pytest.approx(-0.01)
+        assert by_token["Paris"]["bytes"] == list(by_token["Paris"]["token"].encode())
+        assert by_token["Paris"]["top_logprobs"][0]["token"] == by_token["Paris"]["token"]
+        assert server.requests[-1].sampling == {"logprobs": True, "top_logprobs": 3}
+        # Without the flag the reply carries none and the prediction has no logprobs field.
+        plain = ask(lm_for(server, retries=0))
+        assert plain.answer == "Paris is nice" and "logprobs" not in plain.keys()
+
+
+def test_chat_logprobs_wire_format_and_scripted_alternatives():
+    tokens = [
+        TokenLogprob("yes", math.log(0.6), top=(("yes", math.log(0.6)), ("no", math.log(0.3)))),
+        TokenLogprob(" indeed", -0.5),
+    ]
+
+    with LocalOpenAIServer(lambda request: Reply("yes indeed", tokens=tokens)) as server:
+        messages = [{"role": "user", "content": "well?"}]
+        status, body = _post(
+            server,
+            "chat/completions",
+            {"model": "scripted", "messages": messages, "logprobs": True, "top_logprobs": 2},
+        )
+        assert status == 200
+        logprobs = body["choices"][0]["logprobs"]
+        assert logprobs["refusal"] is None
+        first, second = logprobs["content"]
+        assert first == {
+            "token": "yes",
+            "logprob": pytest.approx(math.log(0.6)),
+            "bytes": [121, 101, 115],
+            "top_logprobs": [
+                {"token": "yes", "logprob": pytest.approx(math.log(0.6)), "bytes": [121, 101, 115]},
+                {"token": "no", "logprob": pytest.approx(math.log(0.3)), "bytes": [110, 111]},
+            ],
+        }
+        # An unscripted alternative list holds the chosen token alone.
+        assert [t["token"] for t in second["top_logprobs"]] == [" indeed"]
+        status, body = _post(server, "chat/completions", {"model": "scripted", "messages": messages})
+        assert status == 200 and body["choices"][0]["logprobs"] is None
+        for bad, reason in (
+            ({"top_logprobs": 2}, "requires 'logprobs': true"),
+            ({"logprobs": True, "top_logprobs": 21}, "from 0 to 20"),
+            ({"logprobs": "yes"}, "must be a boolean"),
+        ):
+            status, body = _post(
+                server, "chat/completions", {"model": "scripted", "messages": messages, **bad}
+            )
+            assert status == 400 and reason in body["error"]["message"]
+
+    def wrong_tokens(request):
+        return Reply("yes indeed", tokens=[TokenLogprob("no", -1.0)])
+
+    with LocalOpenAIServer(wrong_tokens) as server:
+        status, body = _post(
+            server,
+            "chat/completions",
+            {"model": "scripted", "messages": [{"role": "user", "content": "x"}], "logprobs": True},
+        )
+        assert status == 500 and "scripted tokens spell 'no'" in body["error"]["message"]
+
+
+def test_text_completions_with_legacy_logprobs():
+    import openai
+
+    seen = []
+
+    def responder(request):
+        seen.append(request.prompt)
+        return Reply(
+            " [Retrieval]<paragraph>",
+            tokens=[
+                TokenLogprob(" [Retrieval]", math.log(0.7), top=(("[No Retrieval]", math.log(0.2)),)),
+                TokenLogprob("<paragraph>", 0.0),
+            ],
+        )
+
+    with LocalOpenAIServer(responder) as server:
+        client = openai.OpenAI(base_url=server.api_base, api_key="unused", max_retries=0)
+        reply = client.completions.create(
+            model="scripted", prompt="### Instruction:\nQ\n\n### Response:\n", max_tokens=5, logprobs=2
+        )
+        choice = reply.choices[0]
+        assert choice.text == " [Retrieval]<paragraph>"
+        assert choice.logprobs.tokens == [" [Retrieval]", "<paragraph>"]
+        assert choice.logprobs.token_logprobs == pytest.approx([math.log(0.7), 0.0])
+        assert choice.logprobs.text_offset == [0, 12]
+        assert choice.logprobs.top_logprobs[0] == pytest.approx(
+            {" [Retrieval]": math.log(0.7), "[No Retrieval]": math.log(0.2)}
+        )
+        assert seen == ["### Instruction:\nQ\n\n### Response:\n"]
+        assert reply.usage.completion_tokens == 1
+        # A list of prompts gets one choice each; no logprobs unless asked.
+        batch = client.completions.create(model="scripted", prompt=["a", "b"], max_tokens=5)
+        assert [c.index for c in batch.choices] == [0, 1] and batch.choices[1].logprobs is None
+        assert seen[-2:] == ["a", "b"]
+        status, body = _post(server, "completions", {"model": "scripted", "prompt": "a", "logprobs": 21})
+        assert status == 400 and "from 0 to 20" in body["error"]["message"]
+    with LocalOpenAIServer(lambda request: {"answer": "fields"}) as server:
+        status, body = _post(server, "completions", {"model": "scripted", "prompt": "a"})
+        assert status == 500 and "must return text" in body["error"]["message"]

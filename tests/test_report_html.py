@@ -1,9 +1,12 @@
 """The HTML report of a run, rendered by a real browser (headless Chromium): summary, questions, traces of a
-DeepNote and a HANRAG run, the comparison view, and no script injection from untrusted text."""
+DeepNote and a HANRAG run, each note step as a diff, the comparison view with accuracy against cost, and no
+script injection from untrusted text."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -99,3 +102,89 @@ def test_a_browser_renders_the_traces_and_the_comparison(runs, tmp_path):
     assert "Comparison (A = first run, B = second)" in compared and "questions scored by both" in compared
     assert (tmp_path / "deepnote.png").stat().st_size > 1000
     print(f"screenshots: {tmp_path / 'deepnote.png'}, {tmp_path / 'compare.png'}")
+
+
+def card_of(dom: str, qid: str) -> str:
+    """The rendered card of one question (up to the next card)."""
+    start = dom.index(f'data-id="{qid}"')
+    end = dom.find('<div class="q ', start)
+    return dom[start : end if end != -1 else len(dom)]
+
+
+def marked(html_text: str, tag: str) -> str:
+    """All text inside ``<tag>`` elements of ``html_text``, joined by spaces."""
+    return " ".join(re.findall(rf"<{tag}>(.*?)</{tag}>", html_text, flags=re.S))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
+def test_a_browser_shows_each_note_step_as_a_diff_against_the_best_note(runs, tmp_path):
+    deepnote, _ = runs
+    edited = tmp_path / "edited"
+    shutil.copytree(deepnote, edited)
+    lines = (edited / "records.jsonl").read_text().splitlines()
+
+    def first_step_adds(record: dict) -> set[str]:
+        """The words the first note update added to the initial note."""
+        init = next(e for e in record["trace"] if e["stage"] == "note_init")
+        step = next(e for e in record["trace"] if e["stage"] == "step" and isinstance(e.get("note"), str))
+        return set(step["note"].split()) - set(init["note"].split())
+
+    # A scripted question whose first update added passages to the note (records are in finishing order).
+    where = next(i for i, line in enumerate(lines) if first_step_adds(json.loads(line)))
+    real = json.loads(lines[where])
+    # A second question with a known trace: step 1 rewrites a word and is rejected, so step 2 is compared with
+    # the initial note again, not with the rejected one; step 3's update could not be parsed.
+    other = (where + 1) % len(lines)
+    known = json.loads(lines[other])
+    known["trace"] = [
+        {"stage": "note_init", "query": "q", "passage_ids": [], "note": "alpha beta gamma"},
+        {"stage": "step", "step": 1, "note": "alpha delta gamma", "accepted": False, "failures": 1},
+        {"stage": "step", "step": 2, "note": "alpha beta gamma epsilon", "accepted": True, "failures": 1},
+        {"stage": "step", "step": 3, "note": None, "accepted": False, "failures": 2},
+    ]
+    lines[other] = json.dumps(known)
+    (edited / "records.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "notes.html"
+    assert main(["report", str(edited), "--html", str(out)]) == 0
+    dom = browser_dom(out, tmp_path / "notes.png")
+
+    steps = re.findall(r'<div class="notediff (acc|rej)">(.*?)</div></div>', card_of(dom, known["id"]), re.S)
+    assert [kind for kind, _ in steps[:2]] == ["rej", "acc"]
+    first, second = steps[0][1], steps[1][1]
+    assert "note rejected" in first and marked(first, "del") == "beta" and marked(first, "ins") == "delta"
+    assert "note accepted" in second and marked(second, "ins").strip() == "epsilon" and "<del>" not in second
+    assert "+1 / −0 words" in second
+    assert "no updated note (the update could not be parsed)" in card_of(dom, known["id"])
+
+    # The scripted run's first question: every word its first step's note added is marked as inserted.
+    init = next(e for e in real["trace"] if e["stage"] == "note_init")
+    step = next(e for e in real["trace"] if e["stage"] == "step" and isinstance(e.get("note"), str))
+    added = first_step_adds(real)
+    real_steps = re.findall(
+        r'<div class="notediff (?:acc|rej)">(.*?)</div></div>', card_of(dom, real["id"]), re.S
+    )
+    inserted = set(html.unescape(marked(real_steps[0], "ins")).split())
+    assert added <= inserted
+    assert f"+{len(step['note'].split()) - len(init['note'].split())} / −0 words" in real_steps[0]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
+def test_a_browser_shows_accuracy_against_cost_when_comparing_runs(runs, tmp_path):
+    deepnote, hanrag = runs
+    out = tmp_path / "compare.html"
+    assert main(["report", str(deepnote), str(hanrag), "--html", str(out)]) == 0
+    dom = browser_dom(out, tmp_path / "compare.png")
+    assert "Accuracy vs cost" in dom
+    summaries = [json.loads((run / "summary.json").read_text()) for run in (deepnote, hanrag)]
+    charts = re.findall(r"<svg class=\"chart\".*?</svg>", dom, re.S)
+    assert len(charts) == 2  # against tokens and against LM calls per question
+    for chart in charts:
+        assert len(re.findall(r"<circle ", chart)) == 2  # one point per run
+    # A run that is both more accurate and no dearer dominates: only it is on the front.
+    primary = summaries[0]["primary_metric"]
+    (a, b) = (s["metrics"][primary] for s in summaries)
+    (ta, tb) = (s["cost"]["input_tokens"] + s["cost"]["output_tokens"] for s in summaries)
+    assert a > b and ta <= tb  # the scripted DeepNote run is right more often and cheaper than HANRAG
+    assert charts[0].count('class="front"') == 1
+    tip = f"{primary} {100 * a:.1f}, tokens per question {ta:,.0f}"
+    assert tip in html.unescape(charts[0])

@@ -175,3 +175,148 @@ def test_tuning_finds_a_planted_threshold(tmp_path):
     assert result.study.best_value == 1.0
     default = next(t for t in result.study.trials if t.number == 0)
     assert default.params["threshold"] == 0.5 and default.values[0] == 0.0  # the default keeps the noise
+
+
+# ----------------------------------------------------------------------------- HANRAG's weighted route
+ROUTE_PROBABILITIES = {"straightforward": 0.1, "single-step": 0.45, "compound": 0.15, "complex": 0.3}
+
+
+def route_world(route_reply: Any = None):
+    """Every HANRAG stage answered; the router states ROUTE_PROBABILITIES (or ``route_reply``)."""
+
+    def respond(request):
+        fields = request.output_fields
+        if "category" in fields:
+            if route_reply is not None:
+                return route_reply
+            return {"category": {"probabilities": ROUTE_PROBABILITIES, "confidence": 0.5}}
+        if "sub_questions" in fields:
+            return {"sub_questions": ["a?", "b?"]}
+        if "seed_question" in fields:
+            return {"seed_question": "seed?"}
+        if "enough" in fields:
+            return {"enough": {"noul": 0.9}} if "noul" in request.system else {"enough": True}
+        if "relevant" in fields:
+            return {"relevant": {"noul": 0.9}} if "noul" in request.system else {"relevant": True}
+        return {"answer": "x"}
+
+    return ScriptedLM(respond)
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        {},
+        {"complex": 2.0},
+        {"single-step": 0.5, "complex": 0.8},
+        {"single-step": 0.2, "complex": 0.2, "compound": 1.0},
+        {"straightforward": 5.0},
+    ],
+)
+def test_route_is_the_weighted_argmax_of_the_stated_probabilities(weights):
+    full = {route: weights.get(route, 1.0) for route in ROUTE_PROBABILITIES}
+    expected = max(ROUTE_PROBABILITIES, key=lambda r: full[r] * ROUTE_PROBABILITIES[r])
+    knobs = {f"route_weight_{r.replace('-', '_')}": w for r, w in weights.items()}
+    program = HANRAG(retriever=fresh(), decisions="probability", max_hops=1, **knobs)
+    lm = route_world()
+    with dspy.context(lm=lm):
+        prediction = program(question="Which?")
+    assert prediction.route == expected
+    event = next(e for e in prediction.trace if e["stage"] == "route")
+    assert event["weights_applied"] is True
+    assert event["probabilities"] == ROUTE_PROBABILITIES
+    assert event["weights"] == full
+    routed = next(r for r in lm.requests if "category" in r.output_fields)
+    assert "probabilities" in routed.system  # the LM is asked for a probability per route
+
+
+def test_planted_weights_change_the_route():
+    """Equal weights take the LM's most probable route; a weight moves it, as weight x probability says."""
+    routes = {}
+    for weight in (1.0, 1.4, 1.6):
+        program = HANRAG(retriever=fresh(), decisions="probability", max_hops=1, route_weight_complex=weight)
+        with dspy.context(lm=route_world()):
+            routes[weight] = program(question="Which?").route
+    # 0.3 x 1.4 = 0.42 < 0.45 (single-step) < 0.3 x 1.6 = 0.48
+    assert routes == {1.0: "single-step", 1.4: "single-step", 1.6: "complex"}
+
+
+def test_without_probabilities_the_generated_route_is_used():
+    program = HANRAG(retriever=fresh(), max_hops=1, route_weight_complex=3.0)
+    lm = route_world({"category": "compound"})
+    with dspy.context(lm=lm):
+        prediction = program(question="Which?")
+    assert prediction.route == "compound"
+    event = next(e for e in prediction.trace if e["stage"] == "route")
+    assert event["weights_applied"] is False and "probabilities" not in event
+    assert "probabilities" not in next(r for r in lm.requests if "category" in r.output_fields).system
+    # The paper's plain router with default weights traces as before.
+    with dspy.context(lm=route_world({"category": "compound"})):
+        plain = HANRAG(retriever=fresh(), max_hops=1)(question="Which?")
+    assert next(e for e in plain.trace if e["stage"] == "route") == {"stage": "route", "category": "compound"}
+    # A reply without probabilities in probability mode: the named type, marked as unweighted.
+    program = HANRAG(retriever=fresh(), decisions="probability", max_hops=1, route_weight_compound=0.1)
+    with dspy.context(lm=route_world("[[ ## category ## ]]\ncomplex question\n\n[[ ## completed ## ]]")):
+        salvaged = program(question="Which?")
+    event = next(e for e in salvaged.trace if e["stage"] == "route")
+    assert salvaged.route == "complex"
+    assert event["weights_applied"] is False and event.get("salvaged") is True
+
+
+def test_bad_route_weights_are_refused():
+    with pytest.raises(ConfigError, match="route_weight_complex must be a number >= 0"):
+        HANRAG(retriever=fresh(), route_weight_complex=-1)
+    with pytest.raises(ConfigError, match="at least one route_weight"):
+        HANRAG(retriever=fresh(), **{f"route_weight_{r}": 0.0 for r in ROUTE_KNOB_SUFFIXES})
+
+
+ROUTE_KNOB_SUFFIXES = ("straightforward", "single_step", "compound", "complex")
+
+
+def test_route_weights_are_knobs_saved_and_searched(tmp_path):
+    import optuna
+
+    from ragsuite.optimizers import load_program, save_program
+
+    knobs = HANRAG.search_space(optuna.create_study().ask())
+    for suffix in ROUTE_KNOB_SUFFIXES:
+        assert 0.25 <= knobs[f"route_weight_{suffix}"] <= 4.0
+        assert HANRAG.default_knobs()[f"route_weight_{suffix}"] == 1.0
+    program = HANRAG(retriever=fresh(), decisions="probability", route_weight_complex=0.6)
+    path = save_program(program, tmp_path / "hanrag.json")
+    loaded = load_program(path, retriever=fresh())
+    assert loaded.route_weight_complex == 0.6
+    assert loaded.route.fields["category"]["weights"]["complex"] == 0.6
+
+
+def test_saved_thresholds_reach_the_loaded_predictors(tmp_path):
+    from ragsuite.optimizers import load_program, save_program
+
+    program = HANRAG(retriever=fresh(), decisions="probability", filter_threshold=0.7, end_threshold=0.3)
+    loaded = load_program(save_program(program, tmp_path / "h.json"), retriever=fresh())
+    assert loaded.filter.per_passage.fields["relevant"]["threshold"] == 0.7
+    assert loaded.end_check.fields["enough"]["threshold"] == 0.3
+
+
+@pytest.mark.parametrize(
+    ("probabilities", "reason"),
+    [
+        ({"simple": 1.0}, "failed to parse"),
+        (
+            {"straightforward": 0.0, "single-step": 0.0, "compound": 0.0, "complex": 0.0},
+            "Invalid Choice answer",
+        ),
+        ({"straightforward": 0.0, "single-step": 1.0, "compound": 0.0, "complex": 0.0}, "no positive"),
+    ],
+)
+def test_a_distribution_the_router_cannot_choose_from_falls_back(probabilities, reason):
+    """Unknown labels, no mass at all, or all of it on a route weighted 0: the fallback route, recorded, not a
+    crash."""
+    program = HANRAG(retriever=fresh(), decisions="probability", max_hops=1, route_weight_single_step=0.0)
+    with dspy.context(lm=route_world({"category": {"probabilities": probabilities, "confidence": 0.5}})):
+        prediction = program(question="Which?")
+    assert prediction.route == "single-step"
+    assert prediction.stats["fallbacks"] == 1
+    fallback, event = [e for e in prediction.trace if e["stage"] == "route"]
+    assert fallback["fallback"] == {"category": "single-step"} and reason in fallback["reason"]
+    assert event["weights_applied"] is False

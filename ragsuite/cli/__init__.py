@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "ragsuite.cli.compile",
     "ragsuite.cli.tune",
     "ragsuite.cli.align",
+    "ragsuite.cli.classifier",
     "ragsuite.cli.index",
     "ragsuite.cli.retrieve_eval",
     "ragsuite.cli.serve",

@@ -39,7 +39,9 @@ GEPA_CALLS_PER_EXAMPLE = 15
 
 OPTIMIZER_HELP = (
     "bootstrap (BootstrapFewShot) | bootstrap-rs (random search over bootstrapped demo sets) | "
-    "mipro (MIPROv2, auto=light) | gepa (reflective instruction evolution; needs --teacher-lm) | simba"
+    "mipro (MIPROv2, auto=light) | gepa (reflective instruction evolution; needs --teacher-lm) | simba | "
+    "reanchor (DSPy's ReAnchor: fits the decision thresholds and route weights of a program run with "
+    "--set decisions=probability, reusing cached LM replies; prompts unchanged)"
 )
 
 
@@ -127,7 +129,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _optimizers() -> tuple[str, ...]:
-    return ("bootstrap", "bootstrap-rs", "mipro", "gepa", "simba")
+    return ("bootstrap", "bootstrap-rs", "mipro", "gepa", "simba", "reanchor")
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:
@@ -301,6 +303,9 @@ def run(args: argparse.Namespace) -> int:
         f"compiled {args.program} with {args.optimizer} on {len(trainset)} train examples: "
         f"{demos} demos across {len(predictors)} predictors"
     )
+    fitted = compiled.optimization.get("fitted") or {}
+    if fitted:
+        print("  fitted knobs: " + ", ".join(f"{knob}={value:g}" for knob, value in fitted.items()))
     for label in ("baseline", "compiled"):
         if label in metrics:
             scored = metrics[label]

@@ -24,13 +24,27 @@ from ragsuite.errors import ConfigError, Terminated
 log = logging.getLogger("ragsuite.cli.eval")
 
 
+class ApiBasesAction(argparse.Action):
+    """``--api-base`` given again adds a replica: the value is kept as one comma-separated list."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        previous = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{previous},{values}" if previous else values)
+
+
 def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     """The LM flags shared by every command that calls an LM."""
     from ragsuite.lm import SPEC_HELP
 
     group = parser.add_argument_group("LM")
     group.add_argument("--lm", required=True, metavar="SPEC", help=SPEC_HELP)
-    group.add_argument("--api-base", metavar="URL", help="OpenAI-compatible server, e.g. http://host:8000/v1")
+    group.add_argument(
+        "--api-base",
+        metavar="URL",
+        action=ApiBasesAction,
+        help="OpenAI-compatible server, e.g. http://host:8000/v1; repeat it (or give a comma list) for "
+        "replicas of one model, spread over by LiteLLM's Router (least busy first, failover)",
+    )
     group.add_argument(
         "--api-key-env",
         metavar="NAME",
@@ -280,7 +294,7 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
     def make(spec: str, api_base: str | None) -> tuple[Any, dict[str, Any]]:
         parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=args.api_key_env)
         lm = build_lm(spec, api_base=api_base, api_key_env=args.api_key_env, **options)
-        key = f"{parsed.model}@{parsed.api_base}"
+        key = f"{parsed.model}@{','.join(parsed.servers)}"
         if key not in checked:  # fail before the run starts, not once per example
             check_endpoint(parsed, timeout=min(args.timeout, 10.0))
             checked.add(key)

@@ -3,9 +3,15 @@
 vLLM is an external executable (``pip install -e '.[vllm]'`` on a GPU host, or any environment with a
 ``vllm`` command); ragsuite only launches and supervises it.
 
+With ``--replicas N`` it starts N servers of the same model on one host, replica ``i`` on its own GPUs
+(``CUDA_VISIBLE_DEVICES``: GPU ``i``, or GPUs ``i*TP .. i*TP+TP-1`` with ``--tensor-parallel-size TP``, taken
+from an existing ``CUDA_VISIBLE_DEVICES`` list when one is set) and port ``--port + i``, and prints the
+repeated ``--api-base`` flags that spread an eval over them (:mod:`ragsuite.lm_replicas`).
+
 Example:
     ragsuite serve --model meta-llama/Llama-3.1-8B-Instruct --port 8000 --tensor-parallel-size 2 \\
         -- --max-model-len 8192
+    ragsuite serve --model meta-llama/Llama-3.1-8B-Instruct --replicas 4
 """
 
 from __future__ import annotations
@@ -45,6 +51,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default loopback)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--tensor-parallel-size", type=int, help="GPUs to shard the model over")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start N servers of the model, replica i on its own GPU(s) and port --port+i; prints the "
+        "--api-base flags that spread a run over them (default 1)",
+    )
     parser.add_argument("--vllm", metavar="PATH", help="the vllm executable (default: `vllm` on PATH)")
     parser.add_argument(
         "--startup-timeout", type=float, default=1200.0, help="seconds to wait for the server (default 1200)"
@@ -75,8 +89,9 @@ def find_vllm(explicit: str | None) -> str:
     return found
 
 
-def vllm_command(args: argparse.Namespace, executable: str) -> list[str]:
-    command = [executable, "serve", args.model, "--host", args.host, "--port", str(args.port)]
+def vllm_command(args: argparse.Namespace, executable: str, *, port: int | None = None) -> list[str]:
+    port = args.port if port is None else port
+    command = [executable, "serve", args.model, "--host", args.host, "--port", str(port)]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
     if args.tensor_parallel_size:
@@ -142,9 +157,38 @@ def _stop_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def replica_devices(replicas: int, per_replica: int, visible: str | None) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each replica: consecutive groups of ``per_replica`` GPUs, numbered from 0
+    or taken in order from ``visible`` (the caller's own ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        ConfigError: ``visible`` lists fewer GPUs than the replicas need.
+
+    Example:
+        >>> replica_devices(2, 2, "4,5,6,7")
+        ['4,5', '6,7']
+    """
+    needed = replicas * per_replica
+    devices = [str(i) for i in range(needed)]
+    if visible is not None and visible.strip():
+        listed = [item.strip() for item in visible.split(",") if item.strip()]
+        if len(listed) < needed:
+            raise ConfigError(
+                f"--replicas {replicas} x {per_replica} GPU(s) each needs {needed} GPUs, but "
+                f"CUDA_VISIBLE_DEVICES lists {len(listed)} ({visible}); lower --replicas or "
+                "--tensor-parallel-size"
+            )
+        devices = listed[:needed]
+    return [",".join(devices[i * per_replica : (i + 1) * per_replica]) for i in range(replicas)]
+
+
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, not {args.port}")
+    if args.replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, not {args.replicas}")
+    if args.replicas > 1:
+        return run_replicas(args)
     executable = find_vllm(args.vllm)
     command = vllm_command(args, executable)
     log.info("starting %s", " ".join(command))
@@ -175,4 +219,62 @@ def run(args: argparse.Namespace) -> int:
         stop(process, grace=5.0)
         raise
     finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_replicas(args: argparse.Namespace) -> int:
+    """Start ``--replicas`` servers, one per GPU (group), wait until all answer and print the flags; Ctrl-C,
+    or any replica exiting, stops them all."""
+    last_port = args.port + args.replicas - 1
+    if last_port > 65535:
+        raise ConfigError(f"--port {args.port} + --replicas {args.replicas} passes port 65535")
+    executable = find_vllm(args.vllm)
+    devices = replica_devices(
+        args.replicas, args.tensor_parallel_size or 1, os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    bases = [f"http://{host}:{args.port + i}/v1" for i in range(args.replicas)]
+    processes: list[subprocess.Popen[Any]] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for i, gpus in enumerate(devices):
+            command = vllm_command(args, executable, port=args.port + i)
+            log.info("replica %d on GPU %s: %s", i, gpus, " ".join(command))
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+            processes.append(
+                subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
+            )
+        served: list[str] = []
+        for i, (process, base) in enumerate(zip(processes, bases, strict=True)):
+            try:
+                served = wait_until_ready(process, f"{base}/models", timeout=args.startup_timeout) or served
+            except ServerStartError as exc:
+                raise ServerStartError(f"replica {i} (GPU {devices[i]}, {base}): {exc}") from None
+        name = args.served_model_name or (served[0] if served else args.model)
+        print(
+            f"vLLM is serving {name} on {args.replicas} replicas at {', '.join(bases)} (Ctrl-C stops them)",
+            flush=True,
+        )
+        print(f"use: --lm openai/{name} {' '.join(f'--api-base {base}' for base in bases)}", flush=True)
+        print(f" or: --lm vllm:{name}@{','.join(bases)}", flush=True)
+        while True:
+            for i, process in enumerate(processes):
+                code = process.poll()
+                if code is not None:
+                    print(
+                        f"replica {i} ({bases[i]}) exited with code {code}; stopping the others",
+                        file=sys.stderr,
+                    )
+                    return code or 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("stopping vllm replicas ...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        for process in processes:
+            stop(process, grace=20.0)
         signal.signal(signal.SIGTERM, previous)

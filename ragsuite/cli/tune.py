@@ -18,6 +18,12 @@ quality and is charged the cost of the trial's dearest answered question.
 Cost: every trial is one evaluation of ``--val`` examples. ``--compile OPT`` adds one compile after the
 search; ``--compile-each`` compiles in every trial (trials x one compile, e.g. 30 MIPROv2 runs).
 
+Thresholds and choice weights (``*_threshold``, HANRAG's ``route_weight_*``; the decision ones act with
+``decisions=probability``, diverse-rerank's ``score_threshold`` with ``rerank_by=lm``) are continuous knobs
+of the search spaces, listed below. A trial that changes only
+them repeats earlier requests up to the first flipped decision, which DSPy's cache answers (unless
+``--no-cache``); benchmarks/threshold_cost.py counts what is left.
+
 Example:
     ragsuite tune --program deepnote --dataset hotpotqa --lm openai/gpt-4o-mini --trials 30 \\
         --objectives quality,lm_calls --val 50 --threads 8 --out runs/tune-deepnote

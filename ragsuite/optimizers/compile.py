@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ragsuite.optimizers.compile")
 
-Optimizer = Literal["bootstrap", "bootstrap-rs", "mipro", "gepa", "simba"]
-OPTIMIZERS: tuple[str, ...] = ("bootstrap", "bootstrap-rs", "mipro", "gepa", "simba")
+Optimizer = Literal["bootstrap", "bootstrap-rs", "mipro", "gepa", "simba", "reanchor"]
+OPTIMIZERS: tuple[str, ...] = ("bootstrap", "bootstrap-rs", "mipro", "gepa", "simba", "reanchor")
 
 #: GEPA's default budget, in metric calls (one scored program run each) per train + val example. A GEPA
 #: iteration scores a reflection minibatch (3 examples) before and after its proposal, and the whole val slice
@@ -289,6 +289,89 @@ def _check_gepa_log_dir(
     os.replace(partial, record)
 
 
+def reanchor_class() -> type:
+    """DSPy's ``ReAnchor`` teleprompter (experimental in DSPy 3.4: ``dspy.experimental.ReAnchor``)."""
+    found = getattr(dspy, "ReAnchor", None)
+    if found is None:
+        try:
+            from dspy.teleprompt.reanchor import ReAnchor as found
+        except ImportError as exc:
+            raise ConfigError(
+                f"the installed DSPy {dspy.__version__} has no ReAnchor; "
+                "upgrade it (pip install 'dspy>=3.4.1')"
+            ) from exc
+    return found
+
+
+def _reanchor(
+    program: RAGProgram,
+    trainset: list[dspy.Example],
+    valset: list[dspy.Example] | None,
+    scoring: Metric,
+    *,
+    threads: int,
+    opts: dict[str, Any],
+) -> tuple[RAGProgram, dict[str, Any]]:
+    """Fit the program's decision knobs with DSPy's ReAnchor; returns the program and what was fitted.
+
+    ReAnchor fits every decision output it finds (a threshold per yes/no output, a weight per option of a
+    choice), reusing cached LM replies across candidate settings. Only settings a knob holds are kept, since
+    a program file rebuilds its predictors from its knobs: a fit of another output (say, a yes/no answer's
+    Literal) is undone and listed under ``not_kept``. The knobs are then read back from the predictors.
+    """
+    decision = program.decision_knobs()
+    if not decision:
+        if "decisions" in program.KNOBS and getattr(program, "decisions", None) != "probability":
+            raise ConfigError(
+                f"ReAnchor fits probability-backed decisions; run {program.name} with them: "
+                "--set decisions=probability (decisions='probability')"
+            )
+        raise ConfigError(f"{program.name} has no decision thresholds or weights for ReAnchor to fit")
+    teleprompter_cls = reanchor_class()
+    init, comp = _split_options(teleprompter_cls, opts)
+    init.setdefault("num_threads", threads)
+    original = {name: dict(p.fields) for name, p in program.named_predictors()}
+    teleprompter = teleprompter_cls(metric=scoring, **init)
+    try:
+        compiled = teleprompter.compile(program, trainset=trainset, valset=valset, **comp)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        cache = "cache" in str(exc)
+        hint = " (on the command line: drop --no-cache, or --option require_cache=false)" if cache else ""
+        raise ConfigError(f"ReAnchor: {exc}{hint}") from exc
+    held = {(id(knob.predictor), knob.field) for knob in compiled.decision_knobs().values()}
+    not_kept = []
+    for name, predictor in compiled.named_predictors():
+        for field in list(predictor.fields):
+            if (id(predictor), field) in held or predictor.fields[field] == original[name].get(field):
+                continue
+            if field in original[name]:
+                predictor.fields[field] = original[name][field]
+            else:
+                del predictor.fields[field]
+            not_kept.append(f"{name}.{field}")
+    if not_kept:
+        log.warning("ReAnchor's fits of %s are not kept: no knob holds them", ", ".join(not_kept))
+    fitted = {}
+    for knob, where in compiled.decision_knobs().items():
+        value = where.read()
+        if value is not None:
+            setattr(compiled, knob, value)
+            fitted[knob] = value
+    report = dict(teleprompter.report)
+    rows = [
+        {k: v for k, v in row.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        for row in report.get("fitted", [])
+    ]
+    summary: dict[str, Any] = {"fitted": fitted, "reanchor": rows}
+    if not_kept:
+        summary["not_kept"] = not_kept
+    else:  # the report's scores are those of the returned program only when every fit was kept
+        summary.update({k: v for k, v in report.items() if k.endswith("score") or k.endswith("score_before")})
+    return compiled, summary
+
+
 def compile_program(
     program: RAGProgram,
     trainset: Sequence[dspy.Example],
@@ -314,7 +397,9 @@ def compile_program(
         valset: Examples it selects candidates on (bootstrap-rs, mipro, gepa); defaults to ``trainset``.
         optimizer: ``bootstrap`` (BootstrapFewShot), ``bootstrap-rs`` (BootstrapFewShotWithRandomSearch),
             ``mipro`` (MIPROv2, ``auto="light"`` unless ``num_candidates``/``num_trials`` are given),
-            ``gepa`` (GEPA with textual feedback; see below) or ``simba`` (SIMBA).
+            ``gepa`` (GEPA with textual feedback; see below), ``simba`` (SIMBA) or ``reanchor`` (DSPy's
+            ReAnchor: fits the decision knobs, thresholds and choice weights, of a program run with
+            ``decisions="probability"``; prompts and demos are left as they are; see :func:`_reanchor`).
         metric: ``metric(example, prediction, trace=None)``; defaults to ``dataset``'s
             :func:`optimization_metric`.
         dataset: Dataset name for the default metric.
@@ -353,6 +438,7 @@ def compile_program(
     if not trainset:
         raise ConfigError("the trainset is empty")
     knobs = program.knobs()
+    reanchored: dict[str, Any] = {}
     if metric is None and dataset:
         from ragsuite.data.metrics import metric_for
 
@@ -390,6 +476,9 @@ def compile_program(
         compiled = tp.MIPROv2(metric=scoring, **init).compile(
             program, trainset=trainset, valset=valset, **comp
         )
+    elif optimizer == "reanchor":
+        compiled, reanchored = _reanchor(program, trainset, valset, scoring, threads=threads, opts=opts)
+        knobs.update({knob: getattr(compiled, knob) for knob in reanchored["fitted"]})
     elif optimizer == "gepa":
         init, comp = _split_options(tp.GEPA, opts)
         reflection = reflection_lm or teacher_lm
@@ -444,6 +533,7 @@ def compile_program(
     compiled.retriever = program.retriever
     compiled.optimization = {
         **dict(getattr(program, "optimization", None) or {}),
+        **(reanchored if optimizer == "reanchor" else {}),
         "optimizer": optimizer,
         "trainset_size": len(trainset),
         "valset_size": len(valset) if valset else 0,

@@ -12,7 +12,7 @@ import inspect
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError
@@ -96,6 +96,24 @@ class RunLedger:
         }
 
 
+class DecisionKnob(NamedTuple):
+    """Where a knob's decision setting lives: ``predictor.fields[field][parameter]`` (``[label]`` for one
+    option's weight of a choice)."""
+
+    predictor: dspy.Predict
+    field: str
+    parameter: str
+    label: str | None = None
+
+    def read(self) -> float | None:
+        """The predictor's current setting, or None when it has none (its decisions are generated)."""
+        config = self.predictor.fields.get(self.field)
+        if not config or self.parameter not in config:
+            return None
+        value = config[self.parameter]
+        return float(value.get(self.label, 1.0) if self.label is not None else value)
+
+
 class RAGProgram(dspy.Module):
     """Base class of the registered programs.
 
@@ -117,6 +135,8 @@ class RAGProgram(dspy.Module):
     #: Keyword arguments of ``forward`` beyond the question -> the example field that fills them (the
     #: evaluation harness passes them; e.g. an oracle router reads the question type).
     EXAMPLE_INPUTS: ClassVar[dict[str, str]] = {}
+    #: Whether the program reads token log probabilities, so its LM must return them (OpenAI, vLLM).
+    NEEDS_LOGPROBS: ClassVar[bool] = False
 
     def __init__(self, *, retriever: Retriever | None = None, task: Task = "short") -> None:
         super().__init__()
@@ -149,6 +169,13 @@ class RAGProgram(dspy.Module):
     def knobs(self) -> dict[str, Any]:
         """The current values of the program's declared knobs."""
         return {knob: getattr(self, knob) for knob in self.KNOBS}
+
+    def decision_knobs(self) -> dict[str, DecisionKnob]:
+        """The knobs that hold a decision setting of a predictor (a threshold, a choice weight), each with
+        where that setting lives, so that an optimizer fitting the predictors' settings (``compile
+        --optimizer reanchor``) can write them back as knobs. Empty unless decisions are probability-backed.
+        """
+        return {}
 
     @classmethod
     def search_space(cls, trial: Any) -> dict[str, Any]:

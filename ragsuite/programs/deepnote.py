@@ -46,7 +46,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from ragsuite.aio import invoke
 from ragsuite.data.datasets import Task
-from ragsuite.programs.base import RAGProgram, RunLedger, register
+from ragsuite.programs.base import DecisionKnob, RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import (
     DecisionMode,
     agather,
@@ -225,6 +225,11 @@ class DeepNote(RAGProgram):
             NoteCompare, "better", mode=self.decisions, threshold=self.compare_threshold
         )
         self.answer = dspy.Predict(answer_signature(task, "note"))
+
+    def decision_knobs(self) -> dict[str, DecisionKnob]:
+        if self.decisions != "probability":
+            return {}
+        return {"compare_threshold": DecisionKnob(self.note_compare, "better", "threshold")}
 
     @classmethod
     def search_space(cls, trial: Any) -> dict[str, Any]:

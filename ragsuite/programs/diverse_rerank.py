@@ -19,7 +19,10 @@ Rerankers (the paper used the jina-reranker-m0 cross-encoder; ragsuite ships no 
   paper's pipeline; what ``rerank_by="auto"`` (the default) picks when a reranker is given.
 - ``rerank_by="lm"``: the LM scores every pool passage 0-10 against the question (and the description)
   (:class:`~ragsuite.signatures.rerank.RelevanceScore`), concurrently; ties keep the pool order. Costs
-  3 x pool size LM calls, so use a small ``pool_k``.
+  3 x pool size LM calls, so use a small ``pool_k``. ``score_threshold`` (not in the paper) drops the
+  candidates an LM ranking scores below it, but never the ranking's best one, so the answer always has
+  evidence: passages the initial ranking drops are neither read by KnowledgeDeclare nor scored again for the
+  knowledge descriptions (fewer LM calls). 0, the default, keeps every candidate.
 - ``rerank_by="retriever"`` (``"auto"`` without a reranker; an approximation, not the paper's method): no
   initial reranking (the interleaved pool order stands in for it); each description re-queries the primary
   retriever for ``rerank_depth`` passages and the pool is ordered by that ranking; pool passages the query did
@@ -61,6 +64,13 @@ def format_declaration(index: int, passage: Passage, required: Sequence[str], pr
     return f"[{index}]{title} required: {needed} | present in this document: {held}"
 
 
+def _dropped(candidates: Sequence[Passage], ranking: Sequence[Passage]) -> dict[str, list[str]]:
+    """``{"dropped": ids}`` of the candidates a ranking left out (score threshold), or ``{}``."""
+    kept = {p.id for p in ranking}
+    dropped = [p.id for p in candidates if p.id not in kept]
+    return {"dropped": dropped} if dropped else {}
+
+
 def _as_list(value: Any) -> list[str]:
     items = value if isinstance(value, (list, tuple)) else ([value] if value else [])
     return [text for text in (" ".join(str(item).split()) for item in items) if text]
@@ -84,6 +94,9 @@ class DiverseRerank(RAGProgram):
             ``"model"`` when a ``reranker`` is given, else ``"retriever"``.
         rerank_depth: Depth of each rerank retrieval for ``rerank_by="retriever"``.
         reranker: The scoring model for ``rerank_by="model"`` (e.g. a ``ColBERTv2Index``).
+        score_threshold: With ``rerank_by="lm"``, candidates scored below it (0-10) leave each ranking,
+            the best-scored one excepted; 0 keeps all. Other rerankers' scores have no fixed scale, so it
+            does not apply to them.
 
     Example:
         >>> from ragsuite import programs
@@ -92,7 +105,14 @@ class DiverseRerank(RAGProgram):
     """
 
     name: ClassVar[str] = "diverse-rerank"
-    KNOBS: ClassVar[tuple[str, ...]] = ("pool_k", "declare_top", "n", "rerank_by", "rerank_depth")
+    KNOBS: ClassVar[tuple[str, ...]] = (
+        "pool_k",
+        "declare_top",
+        "n",
+        "rerank_by",
+        "rerank_depth",
+        "score_threshold",
+    )
 
     def __init__(
         self,
@@ -106,6 +126,7 @@ class DiverseRerank(RAGProgram):
         rerank_by: RerankBy = "auto",
         rerank_depth: int = 100,
         reranker: Reranker | None = None,
+        score_threshold: float = 0.0,
     ) -> None:
         super().__init__(retriever=retriever, task=task)
         self.second_retriever = as_retriever(second_retriever)
@@ -113,6 +134,13 @@ class DiverseRerank(RAGProgram):
         self.declare_top = check_int("declare_top", declare_top, minimum=0)
         self.n = check_int("n", n, minimum=1)
         self.rerank_depth = check_int("rerank_depth", rerank_depth, minimum=1)
+        if (
+            isinstance(score_threshold, bool)
+            or not isinstance(score_threshold, (int, float))
+            or not 0.0 <= float(score_threshold) <= 10.0
+        ):
+            raise ConfigError(f"score_threshold must be a number from 0 to 10, not {score_threshold!r}")
+        self.score_threshold = float(score_threshold)
         if rerank_by not in ("auto", "model", "lm", "retriever"):
             raise ConfigError(f"rerank_by must be 'auto', 'model', 'lm' or 'retriever', not {rerank_by!r}")
         if rerank_by == "auto":
@@ -135,6 +163,7 @@ class DiverseRerank(RAGProgram):
             "pool_k": trial.suggest_int("pool_k", 20, 100, step=10),
             "declare_top": trial.suggest_int("declare_top", 0, 8),
             "n": trial.suggest_int("n", 3, 15),
+            "score_threshold": trial.suggest_float("score_threshold", 0.0, 10.0),
         }
 
     # ------------------------------------------------------------------ stages
@@ -157,7 +186,13 @@ class DiverseRerank(RAGProgram):
         # The paper's initial reranking: the declarations read the top of the pool ranked for the question.
         initial = pool if self.rerank_by == "retriever" else await self._rerank(ledger, question, "", pool)
         if initial is not pool:
-            ledger.record("rerank", by=self.rerank_by, focus="", passage_ids=[p.id for p in initial])
+            ledger.record(
+                "rerank",
+                by=self.rerank_by,
+                focus="",
+                passage_ids=[p.id for p in initial],
+                **_dropped(pool, initial),
+            )
         declarations = await concurrently(
             lambda item: self._declare(ledger, question, *item),
             list(enumerate(initial[: self.declare_top], start=1)),
@@ -178,7 +213,13 @@ class DiverseRerank(RAGProgram):
 
         rankings = await concurrently(lambda focus: self._rerank(ledger, question, focus, initial), focuses)
         for focus, ranking in zip(focuses, rankings, strict=True):
-            ledger.record("rerank", by=self.rerank_by, focus=focus, passage_ids=[p.id for p in ranking])
+            ledger.record(
+                "rerank",
+                by=self.rerank_by,
+                focus=focus,
+                passage_ids=[p.id for p in ranking],
+                **_dropped(initial, ranking),
+            )
         passages = interleave(rankings, limit=self.n)
         ledger.record("select", passage_ids=[p.id for p in passages])
         answer = await arun_answer(
@@ -214,7 +255,12 @@ class DiverseRerank(RAGProgram):
                     lambda passage: self._score(ledger, question, focus, passage), pool
                 )
             order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
-            return [pool[i].with_score(scores[i]) for i in order]
+            ranked = [pool[i].with_score(scores[i]) for i in order]
+            if self.rerank_by == "lm" and self.score_threshold > 0:
+                # The best candidate stays even below the threshold: an empty ranking would leave the
+                # answer without evidence.
+                return [ranked[0]] + [p for p in ranked[1:] if (p.score or 0.0) >= self.score_threshold]
+            return ranked
         hits = await aretrieve_traced(
             self, ledger, join_query(question, focus), self.rerank_depth, focus=focus
         )

@@ -1,5 +1,7 @@
-"""FLARE, the instruct variant (Jiang et al., 2023, "Active Retrieval Augmented Generation", FLARE-instruct),
-a baseline of DeepNote's Table 1.
+"""FLARE (Jiang et al., 2023, "Active Retrieval Augmented Generation"): FLARE-instruct, a baseline of
+DeepNote's Table 1, and FLARE-direct, which decides by token probabilities.
+
+FLARE-instruct.
 
 Generation proceeds sentence by sentence. For each next sentence the LM looks ahead (``LookAhead``): it writes
 the sentence and, when it is not confident about a fact the sentence needs, a search query. With a query,
@@ -8,24 +10,39 @@ look-ahead sentence with the retrieved documents); without one, the look-ahead s
 a sentence says "answer is" or after ``max_steps`` sentences; the final answer, in the task's style, is read
 from the generated text.
 
-FLARE-direct decides by token probabilities (retrieve when any token of the look-ahead sentence is below a
-threshold, with the low-confidence tokens masked in the query); it needs an LM that returns log
-probabilities and is not implemented here: the instruct variant is what LMs without them run.
+FLARE-direct (:class:`FlareDirect`). The question is the first query (FLARE retrieves for the input before
+the first sentence). For each next sentence the LM writes a look-ahead sentence from the passages in hand,
+returning the log probability of every token. When any token of the sentence has probability below
+``theta``, the sentence is not trusted: the tokens below ``beta`` are masked out of it, the rest is the
+query (FLARE's implicit query by masking; an all-masked sentence falls back to the question), ``top_k``
+passages replace those in hand and the sentence is written again from them. A confident sentence is kept
+as it is. Stopping and the final answer are as in FLARE-instruct. Defaults follow the authors' 2WikiMultihopQA
+configuration: ``theta`` 0.8, ``beta`` 0.4, two passages per retrieval.
+
+Departures from the paper: the LM writes the sentence as a DSPy output field (the paper continues raw text),
+so the probabilities judged are those of the tokens spelling the field's value (``field_token_probs``); a
+sentence whose tokens cannot be matched in the reply is not trusted and is searched for whole.
+
+FLARE-direct needs an LM that returns log probabilities (OpenAI chat models, vLLM); with one that does not,
+it stops with an error naming ``flare-instruct``, the variant for such LMs.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import dspy
 
 from ragsuite.data.datasets import Task
+from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, register
 from ragsuite.programs.ircot import ANSWER_IS
-from ragsuite.programs.pipeline import arun_answer, check_int, merge_passages
-from ragsuite.retrieval.base import Retriever
+from ragsuite.programs.pipeline import arun_answer, check_int, check_threshold, merge_passages
+from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
-from ragsuite.signatures.reasoning import LookAhead
+from ragsuite.signatures.reasoning import LookAhead, NextSentence
 
 
 @register
@@ -108,4 +125,182 @@ class FlareInstruct(RAGProgram):
         return self.finish(ledger, answer, merge_passages(evidence), generated=text)
 
 
-__all__ = ["FlareInstruct"]
+def _entries(logprobs: Any) -> list[tuple[str, float]]:
+    """``(token, logprob)`` pairs of an OpenAI-format ``logprobs`` value (``{"content": [...]}``)."""
+    content = logprobs.get("content") if isinstance(logprobs, Mapping) else getattr(logprobs, "content", None)
+    pairs = []
+    for entry in content or []:
+        token = entry.get("token") if isinstance(entry, Mapping) else getattr(entry, "token", None)
+        logprob = entry.get("logprob") if isinstance(entry, Mapping) else getattr(entry, "logprob", None)
+        if isinstance(token, str) and isinstance(logprob, (int, float)):
+            pairs.append((token, float(logprob)))
+    return pairs
+
+
+def field_token_probs(logprobs: Any, value: str, *, field: str) -> list[tuple[str, float]] | None:
+    """The tokens that spell ``value`` in an LM reply, each with its probability.
+
+    The reply's tokens concatenate to its text; ``value`` (a parsed output field) is found after the field's
+    ``[[ ## field ## ]]`` header (ChatAdapter) or, failing that, anywhere in the text (JSONAdapter). Tokens
+    straddling the value's edges contribute only the characters inside it. None when the value is not found.
+
+    Example:
+        >>> field_token_probs({"content": [{"token": "Hi", "logprob": 0.0}]}, "Hi", field="x")
+        [('Hi', 1.0)]
+    """
+    pairs = _entries(logprobs)
+    text = "".join(token for token, _ in pairs)
+    header = f"[[ ## {field} ## ]]"
+    after = text.rfind(header)
+    start = text.find(value, after + len(header)) if after >= 0 else -1
+    if start < 0:
+        start = text.rfind(value)
+    if start < 0 or not value:
+        return None
+    end = start + len(value)
+    found, offset = [], 0
+    for token, logprob in pairs:
+        lo, hi = offset, offset + len(token)
+        offset = hi
+        if hi > start and lo < end:
+            found.append((token[max(start - lo, 0) : min(end, hi) - lo], math.exp(logprob)))
+    return found
+
+
+def masked_query(tokens: list[tuple[str, float]], beta: float) -> str:
+    """FLARE's implicit query: the sentence with every token of probability below ``beta`` removed."""
+    return " ".join("".join(token for token, prob in tokens if prob >= beta).split())
+
+
+@register
+class FlareDirect(RAGProgram):
+    """FLARE-direct: look ahead one sentence at a time and retrieve, with the unsure tokens masked out of the
+    query, when any token's probability is below ``theta`` (see the module docstring). Needs an LM that
+    returns log probabilities; use ``flare-instruct`` otherwise.
+
+    Stage predictors: ``look_ahead`` (both the look-ahead and the regenerated sentence), ``answer``.
+
+    Args:
+        retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
+        task: Answer style: ``short``, ``long`` or ``yesno``.
+        top_k: Passages per retrieval (the authors' 2WikiMultihopQA setting: 2).
+        max_steps: Most sentences (ours: 5).
+        theta: Retrieve when any token of the look-ahead sentence has probability below this (0.8).
+        beta: Mask the tokens below this probability out of the query (0.4).
+
+    Example:
+        >>> from ragsuite import programs
+        >>> programs.get("flare-direct").default_knobs()
+        {'top_k': 2, 'max_steps': 5, 'theta': 0.8, 'beta': 0.4}
+    """
+
+    name: ClassVar[str] = "flare-direct"
+    NEEDS_LOGPROBS: ClassVar[bool] = True
+    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_steps", "theta", "beta")
+
+    def __init__(
+        self,
+        *,
+        retriever: Retriever | None = None,
+        task: Task = "short",
+        top_k: int = 2,
+        max_steps: int = 5,
+        theta: float = 0.8,
+        beta: float = 0.4,
+    ) -> None:
+        super().__init__(retriever=retriever, task=task)
+        self.top_k = check_int("top_k", top_k, minimum=1)
+        self.max_steps = check_int("max_steps", max_steps, minimum=1)
+        self.theta = check_threshold("theta", theta)
+        self.beta = check_threshold("beta", beta)
+        self.look_ahead = dspy.Predict(NextSentence)
+        self.answer = dspy.Predict(answer_signature(task, "note"))
+
+    @classmethod
+    def search_space(cls, trial: Any) -> dict[str, Any]:
+        return {
+            "top_k": trial.suggest_int("top_k", 1, 7),
+            "max_steps": trial.suggest_int("max_steps", 2, 8),
+            "theta": trial.suggest_float("theta", 0.1, 0.99),
+            "beta": trial.suggest_float("beta", 0.0, 0.9),
+        }
+
+    async def _sentence(
+        self, ledger: Any, question: str, passages: list[Passage], sentences: list[str], *, scored: bool
+    ) -> dspy.Prediction:
+        extra = {"config": {"logprobs": True}} if scored else {}
+        return await self.acall_stage(
+            ledger,
+            "look_ahead",
+            self.look_ahead,
+            fallback={"sentence": ""},
+            question=question,
+            passages=format_passages(passages),
+            answer_so_far=" ".join(sentences) or "nothing yet",
+            **extra,
+        )
+
+    def _token_probs(self, ahead: dspy.Prediction, sentence: str) -> list[tuple[str, float]] | None:
+        logprobs = ahead.get("logprobs") if hasattr(ahead, "get") else None
+        if not logprobs or not _entries(logprobs):
+            raise ConfigError(
+                "flare-direct needs an LM that returns log probabilities (OpenAI chat models, vLLM), and "
+                "this LM returned none; run flare-instruct instead, FLARE's variant for such LMs"
+            )
+        return field_token_probs(logprobs, sentence, field="sentence")
+
+    async def aforward(self, question: str) -> dspy.Prediction:
+        ledger = self.start(question)
+        sentences: list[str] = []
+        # FLARE's first query is the input itself.
+        passages = await self.aretrieve(ledger, question, self.top_k)
+        ledger.count_step()
+        ledger.record("retrieve", query=question, passage_ids=[p.id for p in passages])
+        evidence = [passages]
+        reason = "max_steps"
+        for step in range(1, self.max_steps + 1):
+            ahead = await self._sentence(ledger, question, passages, sentences, scored=True)
+            sentence = str(ahead.sentence or "").strip()
+            if not sentence:
+                ledger.record("sentence", step=step, sentence="")
+                reason = "no_sentence"
+                break
+            tokens = self._token_probs(ahead, sentence)
+            query, masked = "", []
+            if tokens is None:  # the tokens could not be matched to the sentence: trust nothing
+                low, lowest = True, None
+            else:
+                lowest = min((p for _, p in tokens), default=1.0)
+                low = lowest < self.theta
+            if low:
+                if tokens is None:
+                    query = " ".join(sentence.split())
+                else:
+                    query = masked_query(tokens, self.beta) or question
+                    masked = [t.strip() for t, p in tokens if p < self.beta and t.strip()]
+                passages = await self.aretrieve(ledger, query, self.top_k)
+                ledger.count_step()
+                evidence.append(passages)
+                again = await self._sentence(ledger, question, passages, sentences, scored=False)
+                sentence = " ".join(str(again.sentence or "").split()) or sentence
+            ledger.record(
+                "sentence",
+                step=step,
+                min_prob=None if lowest is None else round(lowest, 4),
+                retrieved=low,
+                query=query,
+                masked=masked,
+                passage_ids=[p.id for p in passages] if low else [],
+                sentence=sentence,
+            )
+            sentences.append(" ".join(sentence.split()))
+            if ANSWER_IS.search(sentence):
+                reason = "answer"
+                break
+        ledger.record("stop", reason=reason, sentences=len(sentences))
+        text = " ".join(sentences) or "nothing"
+        answer = await arun_answer(self, ledger, source="note", question=question, note=text)
+        return self.finish(ledger, answer, merge_passages(evidence), generated=text)
+
+
+__all__ = ["FlareDirect", "FlareInstruct", "field_token_probs", "masked_query"]

@@ -12,6 +12,11 @@ Chains (the paper's Algorithm 2):
   seeds were answered, then answer from the (seed, answer) steps; one step per seed.
 
 Steps count retrieval-generation cycles, the paper's efficiency measure.
+
+The router's choice can be probability-backed (``decisions="probability"``; the paper's router is a fine-tuned
+classifier): the LM states a probability per type (DSPy's ``Choice`` output), and the route is the type with
+the largest ``weight * probability``, one weight knob per route (``route_weight_*``, 1.0 each: the LM's most
+probable type). Tuning a weight below 1 makes its chain rarer, e.g. the costly complex loop.
 """
 
 from __future__ import annotations
@@ -27,13 +32,16 @@ from dspy.utils.exceptions import AdapterParseError
 from ragsuite.aio import concurrently, invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, RunLedger, register
+from ragsuite.programs.base import DecisionKnob, RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import (
     ANSWER_FALLBACK,
     DecisionMode,
     check_decisions,
     check_int,
     check_threshold,
+    check_weight,
+    choice_predictor,
+    choice_value,
     decision_predictor,
     decision_value,
     merge_passages,
@@ -47,6 +55,8 @@ from ragsuite.signatures.hanrag import Decompose, EndCheck, RefineSeed, Route
 logger = logging.getLogger("ragsuite.programs.hanrag")
 
 ROUTES = ("straightforward", "single-step", "compound", "complex")
+#: The knob holding each route's weight in the probability-backed router.
+ROUTE_WEIGHT_KNOBS = {route: f"route_weight_{route.replace('-', '_')}" for route in ROUTES}
 #: The chain used when the router's reply cannot be parsed: one filtered retrieval is the safe middle.
 ROUTE_FALLBACK = "single-step"
 # The paper's router answers "complex question", "single-step question", ...: read the type from such text.
@@ -65,6 +75,10 @@ def salvage_route(predictor: Callable[..., Any]) -> Callable[..., Any]:
             if len(found) != 1:
                 raise  # no type, or several: not a reply to guess from
             return dspy.Prediction(category=found.pop(), salvaged=True)
+        except ValueError as exc:
+            # DSPy refuses stated probabilities it cannot choose from (other labels, all zero, or all mass on
+            # zero-weight routes) with a ValueError: an unusable reply, so the router's fallback applies.
+            raise AdapterParseError("DecisionAdapter", Route, "", message=str(exc)) from exc
 
     return call
 
@@ -133,6 +147,10 @@ class HANRAG(RAGProgram):
             threshold; the batch filter has no per-passage probability).
         filter_threshold: Filter's relevance threshold in ``probability`` mode (0.5: the LM's own verdict).
         end_threshold: EndCheck's threshold in ``probability`` mode.
+        route_weight_straightforward, route_weight_single_step, route_weight_compound, route_weight_complex:
+            In ``probability`` mode the router states a probability per route and takes the route with the
+            largest weight x probability (equal weights: the LM's most probable route). In ``generate``
+            mode the router names a route and the weights do not apply (the trace says so when they are set).
 
     Example:
         >>> import dspy
@@ -155,6 +173,7 @@ class HANRAG(RAGProgram):
         "decisions",
         "filter_threshold",
         "end_threshold",
+        *ROUTE_WEIGHT_KNOBS.values(),
     )
 
     def __init__(
@@ -169,6 +188,10 @@ class HANRAG(RAGProgram):
         decisions: DecisionMode = "generate",
         filter_threshold: float = 0.5,
         end_threshold: float = 0.5,
+        route_weight_straightforward: float = 1.0,
+        route_weight_single_step: float = 1.0,
+        route_weight_compound: float = 1.0,
+        route_weight_complex: float = 1.0,
     ) -> None:
         super().__init__(retriever=retriever, task=task)
         self.decisions = check_decisions(decisions)
@@ -180,7 +203,17 @@ class HANRAG(RAGProgram):
         if filter_mode not in ("per_passage", "batch"):
             raise ConfigError(f"filter_mode must be 'per_passage' or 'batch', not {filter_mode!r}")
         self.filter_mode: FilterMode = filter_mode
-        self.route = dspy.Predict(Route)
+        given = {
+            "straightforward": route_weight_straightforward,
+            "single-step": route_weight_single_step,
+            "compound": route_weight_compound,
+            "complex": route_weight_complex,
+        }
+        for route, weight in given.items():
+            setattr(self, ROUTE_WEIGHT_KNOBS[route], check_weight(ROUTE_WEIGHT_KNOBS[route], weight))
+        if not any(self.route_weights.values()):
+            raise ConfigError("at least one route_weight_* must be > 0, or no route could be chosen")
+        self.route = choice_predictor(Route, "category", mode=self.decisions, weights=self.route_weights)
         self.decompose = dspy.Predict(Decompose)
         self.refine_seed = dspy.Predict(RefineSeed)
         self.end_check = decision_predictor(
@@ -201,7 +234,24 @@ class HANRAG(RAGProgram):
             "decisions": trial.suggest_categorical("decisions", ["generate", "probability"]),
             "filter_threshold": trial.suggest_float("filter_threshold", 0.05, 0.95),
             "end_threshold": trial.suggest_float("end_threshold", 0.05, 0.95),
+            # Log scale: halving a weight matters as much as doubling it.
+            **{knob: trial.suggest_float(knob, 0.25, 4.0, log=True) for knob in ROUTE_WEIGHT_KNOBS.values()},
         }
+
+    def decision_knobs(self) -> dict[str, DecisionKnob]:
+        if self.decisions != "probability":
+            return {}
+        knobs = {"end_threshold": DecisionKnob(self.end_check, "enough", "threshold")}
+        if self.filter_mode == "per_passage":  # the batch filter states no per-passage probability
+            knobs["filter_threshold"] = DecisionKnob(self.filter.per_passage, "relevant", "threshold")
+        for route, knob in ROUTE_WEIGHT_KNOBS.items():
+            knobs[knob] = DecisionKnob(self.route, "category", "weights", route)
+        return knobs
+
+    @property
+    def route_weights(self) -> dict[str, float]:
+        """Each route's weight in the probability-backed router."""
+        return {route: getattr(self, knob) for route, knob in ROUTE_WEIGHT_KNOBS.items()}
 
     # ------------------------------------------------------------------ chains
     async def aforward(self, question: str) -> dspy.Prediction:
@@ -217,11 +267,16 @@ class HANRAG(RAGProgram):
             fallback={"category": ROUTE_FALLBACK},
             question=question,
         )
-        category = routed.category if routed.category in ROUTES else ROUTE_FALLBACK
-        if routed.get("salvaged"):
-            ledger.record("route", category=category, salvaged=True)
-        else:
-            ledger.record("route", category=category)
+        chosen, probabilities = choice_value(routed, "category")
+        category = chosen if chosen in ROUTES else ROUTE_FALLBACK
+        details: dict[str, Any] = {"salvaged": True} if routed.get("salvaged") else {}
+        if probabilities is not None:
+            weights = dict(self.route.fields["category"]["weights"])  # the weights the choice was made with
+            details.update(probabilities=probabilities, weights=weights, weights_applied=True)
+        elif self.decisions == "probability" or set(self.route_weights.values()) != {1.0}:
+            # A named route (generate mode, a salvaged or fallback reply) has no probabilities to weigh.
+            details["weights_applied"] = False
+        ledger.record("route", category=category, **details)
         return category
 
     async def _run_route(self, ledger: RunLedger, question: str, category: str) -> dspy.Prediction:

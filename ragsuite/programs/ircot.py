@@ -11,9 +11,11 @@ IRCoT (Trivedi et al., 2023, "Interleaving Retrieval with Chain-of-Thought Reaso
 
 Steps count retrievals (the question's and one per non-final sentence), the unit HANRAG reports.
 
-Adaptive-RAG (Jeong et al., 2024): a query-complexity classifier (``QueryComplexity``; the paper trains a
-small T5 model, here the LM classifies) routes each question to A: answer without retrieval, B: one retrieval
-of ``top_k`` passages, or C: IRCoT. An unparsable class falls back to B.
+Adaptive-RAG (Jeong et al., 2024): a query-complexity classifier routes each question to A: answer without
+retrieval, B: one retrieval of ``top_k`` passages, or C: IRCoT. The paper trains a small classifier (T5-Large)
+on labels from the three strategies' outcomes; ``classifier=DIR`` uses one trained that way by ``ragsuite
+classifier train`` (:mod:`ragsuite.programs.complexity`), and without it the LM classifies
+(``QueryComplexity``). An unparsable class from the LM falls back to B.
 
 LM-output fallbacks (recorded in the trace and ``stats["fallbacks"]``): an unparsable reasoning sentence ends
 the reasoning; an unparsable answer is empty.
@@ -30,6 +32,7 @@ from dspy.utils.exceptions import AdapterParseError
 from ragsuite.aio import invoke, run_sync
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, RunLedger, register
+from ragsuite.programs.complexity import load_classifier
 from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
@@ -199,14 +202,17 @@ class AdaptiveRAG(IRCoT):
 
     Args:
         retriever, task, top_k, max_steps, max_passages: as in :class:`IRCoT` (``top_k`` also for B).
+        classifier: Directory of a trained complexity classifier (``ragsuite classifier train``); it routes
+            without an LM call. None: the LM classifies (the ``classify`` stage).
 
     Example:
         >>> from ragsuite import programs
         >>> sorted(programs.get("adaptive-rag").default_knobs())
-        ['max_passages', 'max_steps', 'top_k']
+        ['classifier', 'max_passages', 'max_steps', 'top_k']
     """
 
     name: ClassVar[str] = "adaptive-rag"
+    KNOBS: ClassVar[tuple[str, ...]] = (*IRCoT.KNOBS, "classifier")
 
     def __init__(
         self,
@@ -216,28 +222,42 @@ class AdaptiveRAG(IRCoT):
         top_k: int = 4,
         max_steps: int = 8,
         max_passages: int = 15,
+        classifier: str | None = None,
     ) -> None:
         super().__init__(
             retriever=retriever, task=task, top_k=top_k, max_steps=max_steps, max_passages=max_passages
         )
+        self.classifier = None if classifier is None else str(classifier)
+        # Loaded once here, so a missing or corrupt classifier fails before any question runs.
+        self._trained = None if classifier is None else load_classifier(classifier)
         self.classify = dspy.Predict(QueryComplexity)
         self.direct = dspy.Predict(answer_signature(task, "none"))
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        classified = await self.acall_stage(
-            ledger,
-            "classify",
-            _salvage_complexity(self.classify),
-            fallback={"complexity": COMPLEXITY_FALLBACK},
-            question=question,
-        )
-        complexity = (
-            classified.complexity if classified.complexity in ("A", "B", "C") else COMPLEXITY_FALLBACK
-        )
-        ledger.record(
-            "route", complexity=complexity, **({"salvaged": True} if classified.get("salvaged") else {})
-        )
+        if self._trained is not None:
+            probabilities = self._trained.predict_proba(question)
+            complexity = self._trained.predict(question)
+            ledger.record(
+                "route",
+                complexity=complexity,
+                classifier="trained",
+                probabilities={label: round(p, 4) for label, p in probabilities.items()},
+            )
+        else:
+            classified = await self.acall_stage(
+                ledger,
+                "classify",
+                _salvage_complexity(self.classify),
+                fallback={"complexity": COMPLEXITY_FALLBACK},
+                question=question,
+            )
+            complexity = (
+                classified.complexity if classified.complexity in ("A", "B", "C") else COMPLEXITY_FALLBACK
+            )
+            ledger.record(
+                "route", complexity=complexity, **({"salvaged": True} if classified.get("salvaged") else {})
+            )
         if complexity == "A":
             answer = await arun_answer(self, ledger, source="none", predictor=self.direct, question=question)
             return self.finish(ledger, answer, [], route=complexity)

@@ -67,6 +67,59 @@ def decision_predictor(signature: Any, field: str, *, mode: DecisionMode, thresh
     return predictor
 
 
+def check_weight(name: str, value: Any) -> float:
+    """Validate a choice weight: a finite number >= 0 (0 never picks the option)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0.0 <= float(value) < float("inf")
+    ):
+        raise ConfigError(f"{name} must be a number >= 0, not {value!r}")
+    return float(value)
+
+
+def choice_predictor(
+    signature: Any, field: str, *, mode: DecisionMode, weights: dict[str, float]
+) -> dspy.Predict:
+    """A predictor for one categorical decision over a ``Literal`` output: the generated option in
+    ``generate`` mode, else DSPy's probability-backed choice (``Choice``): the LM states a probability per
+    option and the choice is the option with the largest ``weight * probability`` (per-option weights of the
+    ``Predict``; equal weights pick the LM's most probable option).
+
+    Example:
+        >>> from ragsuite.signatures.hanrag import Route
+        >>> route = choice_predictor(Route, "category", mode="probability", weights={"complex": 0.5})
+        >>> route.fields["category"]["weights"]["complex"]
+        0.5
+    """
+    if mode == "generate":
+        return dspy.Predict(signature)
+    from typing import get_args
+
+    from dspy.adapters.types.decision import Choice
+
+    labels = get_args(signature.output_fields[field].annotation)
+    if not labels:
+        raise ConfigError(f"the {field!r} output must be a Literal of options for a weighted choice")
+    unknown = set(weights) - set(labels)
+    if unknown:
+        raise ConfigError(f"no option {sorted(unknown)[0]!r} in {field!r}; options: {', '.join(labels)}")
+    kind = Choice[tuple((label, "") for label in labels)]
+    predictor = dspy.Predict(signature.with_updated_fields(field, type_=kind))
+    predictor.fields = {field: {"weights": {label: float(weights.get(label, 1.0)) for label in labels}}}
+    return predictor
+
+
+def choice_value(prediction: Any, field: str) -> tuple[Any, dict[str, float] | None]:
+    """A choice and the LM's per-option probabilities behind it (None when the LM only named an option)."""
+    value = prediction.get(field) if hasattr(prediction, "get") else getattr(prediction, field, None)
+    probabilities = getattr(value, "probabilities", None)
+    if hasattr(value, "confidence"):
+        chosen = value.value
+        return chosen, None if probabilities is None else {str(k): float(p) for k, p in probabilities.items()}
+    return value, None
+
+
 def decision_value(prediction: Any, field: str) -> tuple[bool, float | None]:
     """A decision and the probability behind it (None when the LM only said yes or no)."""
     value = prediction.get(field) if hasattr(prediction, "get") else getattr(prediction, field, None)
@@ -212,6 +265,9 @@ __all__ = [
     "check_decisions",
     "check_int",
     "check_threshold",
+    "check_weight",
+    "choice_predictor",
+    "choice_value",
     "decision_predictor",
     "decision_value",
     "gather",

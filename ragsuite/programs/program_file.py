@@ -310,10 +310,15 @@ def apply_predictor_states(program: RAGProgram, document: dict[str, Any], path: 
     # Check every predictor before loading any, so a refused file leaves the program untouched.
     states = {name: check_predictor_state(state, path=path, predictor=name) for name, state in saved.items()}
     for name, state in states.items():
+        # The decision settings (thresholds, choice weights) come from the knobs the program was built with;
+        # load_state would reset them to the type's defaults, since files do not carry them.
+        decisions = dict(getattr(predictors[name], "fields", None) or {})
         try:
             predictors[name].load_state(state)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{path}: corrupt state for predictor {name!r}: {exc}") from exc
+        if decisions:
+            predictors[name].fields = decisions
     unsaved = sorted(set(predictors) - set(saved))
     if unsaved:
         log.warning("%s has no saved state for predictor(s) %s; they keep their defaults", path, unsaved)

@@ -1,10 +1,15 @@
-"""Self-RAG, prompted (after Asai et al., 2024, "Self-RAG"), a baseline of DeepNote's and HANRAG's tables.
+"""Self-RAG (Asai et al., 2024, "Self-RAG"), a baseline of DeepNote's and HANRAG's tables: read from a
+Self-RAG checkpoint (``self-rag``), or prompted (``self-rag-prompted``) for any other LM.
 
 Self-RAG is a model trained to emit reflection tokens: [Retrieve] (is retrieval needed?), then for each
 retrieved passage a candidate segment with [IsREL] (is the passage relevant?), [IsSUP] (is the segment
 supported: fully, partially, not at all) and [IsUSE] (usefulness, 1-5); the candidates are ranked by a
-weighted sum of the critique scores and the best is kept. A real Self-RAG checkpoint reads these from token
-probabilities; this variant, labelled *prompted*, asks any LM to state them:
+weighted sum of the critique scores and the best is kept.
+
+``self-rag`` (:class:`SelfRAG`) reads the reflection tokens from the token probabilities of a Self-RAG
+checkpoint served by vLLM, scoring as the authors' short-form inference does (see its docstring).
+
+``self-rag-prompted`` (:class:`SelfRAGPrompted`) asks any LM to state them:
 
 1. ``RetrievalNeed`` stands for [Retrieve]: without retrieval the LM answers from its own knowledge.
 2. With retrieval, ``top_k`` passages are retrieved and, for each, ``CritiquedAnswer`` writes an answer and
@@ -16,6 +21,8 @@ probabilities; this variant, labelled *prompted*, asks any LM to state them:
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import dspy
@@ -23,8 +30,8 @@ import dspy
 from ragsuite.aio import concurrently
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, register
-from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
+from ragsuite.programs.base import RAGProgram, RunLedger, register
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_bool, check_int, check_threshold
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature
 from ragsuite.signatures.reasoning import CritiquedAnswer, RetrievalNeed
@@ -147,4 +154,338 @@ class SelfRAGPrompted(RAGProgram):
         )
 
 
-__all__ = ["SelfRAGPrompted"]
+# --------------------------------------------------------------------------- Self-RAG read from a checkpoint
+#: Self-RAG's reflection tokens, as its checkpoints' vocabularies spell them.
+RETRIEVE_TOKENS = ("[Retrieval]", "[No Retrieval]")
+RELEVANCE_TOKENS = ("[Relevant]", "[Irrelevant]")
+SUPPORT_TOKENS = ("[Fully supported]", "[Partially supported]", "[No support / Contradictory]")
+UTILITY_TOKENS = tuple(f"[Utility:{i}]" for i in range(1, 6))
+#: What is removed from a generation to leave its answer (the official postprocessing's list).
+CONTROL_TOKENS = (
+    *SUPPORT_TOKENS,
+    *RETRIEVE_TOKENS,
+    "[Continue to Use Evidence]",
+    *RELEVANCE_TOKENS,
+    "<paragraph>",
+    "</paragraph>",
+    *UTILITY_TOKENS,
+    "</s>",
+    "<|endoftext|>",
+)
+#: The log probability the official scoring gives a reflection token missing from a position's alternatives.
+MISSING_LOGPROB = -100.0
+#: Alternatives asked per generated token (vLLM's default ceiling, ``--max-logprobs 20``).
+TOP_LOGPROBS = 20
+_UTILITY_VALUES = (-1.0, -0.5, 0.0, 0.5, 1.0)
+_INSTRUCTIONS = {
+    # Self-RAG's QA prompt is the bare question; the other two say what kind of answer is wanted.
+    "short": "{question}",
+    "yesno": "Answer the question with yes or no.\n\n## Input:\n\n{question}",
+    "long": (
+        "Answer the following question. The question may be ambiguous and have several correct answers; "
+        "then write a long answer that covers all of them.\n\n## Input:\n\n{question}"
+    ),
+}
+
+
+def self_rag_prompt(question: str, task: Task = "short") -> str:
+    """Self-RAG's instruction prompt for ``question`` (its ``prompt_no_input`` format)."""
+    return f"### Instruction:\n{_INSTRUCTIONS[task].format(question=question)}\n\n### Response:\n"
+
+
+def paragraph(passage: Any) -> str:
+    """A passage as Self-RAG reads it after the prompt: ``[Retrieval]<paragraph>title\\ntext</paragraph>``."""
+    return f"[Retrieval]<paragraph>{passage.title}\n{passage.text}</paragraph>"
+
+
+def clean_generation(text: str) -> str:
+    """A generation without its reflection and control tokens: the answer text."""
+    for token in CONTROL_TOKENS:
+        text = text.replace(token, "")
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion from the checkpoint: its text and, per generated token, the token, its log
+    probability and the alternatives the server reported (token -> log probability)."""
+
+    text: str
+    tokens: tuple[str, ...]
+    logprobs: tuple[float, ...]
+    top: tuple[dict[str, float], ...]
+
+    def distribution(self, position: int, names: tuple[str, ...]) -> dict[str, float]:
+        """Probabilities of ``names`` at ``position`` (a missing name gets ``exp(-100)``, as officially)."""
+        alternatives: dict[str, float] = {}
+        for token, logprob in (self.top[position] if position < len(self.top) else {}).items():
+            key = token.strip()  # a tokenizer may report a special token with the space before it
+            alternatives[key] = max(logprob, alternatives.get(key, MISSING_LOGPROB))
+        return {name: math.exp(alternatives.get(name, MISSING_LOGPROB)) for name in names}
+
+    def first(self, names: tuple[str, ...]) -> int | None:
+        """The first position where the generated token is one of ``names``."""
+        return next((i for i, token in enumerate(self.tokens) if token.strip() in names), None)
+
+
+def reflection_scores(generation: Generation) -> dict[str, float]:
+    """Self-RAG's critique scores of one candidate, read from its token probabilities as the official
+    short-form inference does:
+
+    * ``relevance``: P([Relevant]) / (P([Relevant]) + P([Irrelevant])) at the first generated token;
+    * ``support``: at the first [IsSUP] token, (P(fully) + 0.5 P(partially)) / the three's sum; else 0;
+    * ``utility``: at the first [Utility:i] token, the expectation of -1, -0.5, 0, 0.5, 1 over the five
+      levels' normalized probabilities; 0 without one;
+    * ``sequence``: exp of the mean token log probability of the generation.
+    """
+    relevance = generation.distribution(0, RELEVANCE_TOKENS)
+    scores = {"relevance": relevance["[Relevant]"] / sum(relevance.values())}
+    position = generation.first(SUPPORT_TOKENS)
+    if position is None:
+        scores["support"] = 0.0
+    else:
+        support = generation.distribution(position, SUPPORT_TOKENS)
+        total = sum(support.values())
+        scores["support"] = (support["[Fully supported]"] + 0.5 * support["[Partially supported]"]) / total
+    position = generation.first(UTILITY_TOKENS)
+    if position is None:
+        scores["utility"] = 0.0
+    else:
+        utility = generation.distribution(position, UTILITY_TOKENS)
+        total = sum(utility.values())
+        scores["utility"] = sum(
+            v * utility[t] / total for v, t in zip(_UTILITY_VALUES, UTILITY_TOKENS, strict=True)
+        )
+    count = max(len(generation.logprobs), 1)
+    scores["sequence"] = math.exp(sum(generation.logprobs) / count)
+    return scores
+
+
+class CheckpointClient:
+    """Completions with log probabilities from a Self-RAG checkpoint behind an OpenAI-compatible
+    ``/v1/completions`` endpoint (vLLM), addressed like the ``dspy.LM`` in use (model, ``api_base``, key).
+
+    Self-RAG needs the raw prompt (``dspy.LM``'s text mode rewrites it) and its reflection tokens left in the
+    text (``skip_special_tokens: false``, a vLLM option). Usage goes to DSPy's usage tracker when one is on.
+    """
+
+    def __init__(self, lm: Any) -> None:
+        kwargs = dict(getattr(lm, "kwargs", {}) or {})
+        model = str(getattr(lm, "model", "") or "")
+        provider, _, name = model.partition("/")
+        if not kwargs.get("api_base") or provider not in ("openai", "hosted_vllm") or not name:
+            raise ConfigError(
+                "self-rag reads reflection tokens from a Self-RAG checkpoint served by vLLM: pass --lm "
+                "openai/<served model> --api-base http://HOST:PORT/v1 (e.g. selfrag/selfrag_llama2_7b under "
+                f"`vllm serve`), not {model or type(lm).__name__!r}; any other LM runs self-rag-prompted"
+            )
+        import openai
+
+        self.lm_name = model
+        self.model = name
+        self._client = openai.OpenAI(
+            base_url=kwargs["api_base"],
+            api_key=kwargs.get("api_key") or "EMPTY",
+            timeout=float(kwargs.get("timeout") or 120.0),
+            max_retries=int(getattr(lm, "num_retries", 2) or 0),
+            default_headers=kwargs.get("extra_headers"),
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __call__(self, *, prompt: str, max_tokens: int) -> Generation:
+        reply = self._client.completions.create(
+            model=self.model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            top_p=1.0,
+            logprobs=TOP_LOGPROBS,
+            extra_body={"skip_special_tokens": False},
+        )
+        if reply.usage is not None and dspy.settings.usage_tracker is not None:
+            dspy.settings.usage_tracker.add_usage(
+                self.lm_name,
+                {
+                    "prompt_tokens": reply.usage.prompt_tokens,
+                    "completion_tokens": reply.usage.completion_tokens,
+                    "total_tokens": reply.usage.total_tokens,
+                },
+            )
+        choice = reply.choices[0]
+        logprobs = choice.logprobs
+        if logprobs is None or not logprobs.tokens:
+            raise ConfigError(
+                f"the server gave no log probabilities for {self.model!r}; self-rag needs a Self-RAG "
+                "checkpoint served by vLLM (which returns them); any other LM runs self-rag-prompted"
+            )
+        return Generation(
+            text=choice.text or "",
+            tokens=tuple(logprobs.tokens),
+            logprobs=tuple(
+                float(lp) if lp is not None else MISSING_LOGPROB for lp in logprobs.token_logprobs
+            ),
+            top=tuple(dict(top or {}) for top in (logprobs.top_logprobs or [{}] * len(logprobs.tokens))),
+        )
+
+
+@register
+class SelfRAG(RAGProgram):
+    """Self-RAG with a real checkpoint: reflection tokens read from the token probabilities of a Self-RAG
+    model served by vLLM (Asai et al., 2024; scoring as in the authors' short-form inference).
+
+    1. The prompt (Self-RAG's ``### Instruction: ... ### Response:`` format) is completed by one token; the
+       retrieval probability P([Retrieval]) / (P([Retrieval]) + P([No Retrieval])) at that token is compared
+       with ``threshold`` (the paper's delta). Not above it: the answer is generated after ``[No Retrieval]``.
+    2. Otherwise ``top_k`` passages are retrieved and, for each, the checkpoint continues the prompt after
+       ``[Retrieval]<paragraph>title\\ntext</paragraph>`` (one call per passage, concurrently).
+    3. Each candidate scores ``w_rel * relevance + w_sup * support + w_use * utility`` (see
+       :func:`reflection_scores`), plus the generation's probability (exp of its mean token log probability)
+       when ``use_seqscore`` (the paper's segment score; the authors' short-form script leaves it off). The
+       best candidate's text, without reflection tokens, is the answer; ties keep the retrieval order.
+
+    The LM in use must be the checkpoint's OpenAI-compatible endpoint (``openai/<model>`` with ``api_base``);
+    any other LM gets an error naming ``self-rag-prompted``. Replies are not cached.
+
+    Args:
+        retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
+        task: Answer style: ``short``, ``long`` or ``yesno``.
+        top_k: Passages retrieved, one candidate each (5).
+        threshold: Retrieve when the normalized P([Retrieval]) is above this (the paper's 0.2).
+        w_rel, w_sup, w_use: Critique weights (the paper's 1.0, 1.0, 0.5).
+        use_seqscore: Add the generation's probability to each candidate's score.
+        max_tokens: Tokens per generation (default: 15 for short and yes/no answers, as the authors'
+            short-form runs; 300 for long answers).
+
+    Example:
+        >>> from ragsuite import programs
+        >>> programs.get("self-rag").default_knobs()
+        {'top_k': 5, 'threshold': 0.2, 'w_rel': 1.0, 'w_sup': 1.0, 'w_use': 0.5, 'use_seqscore': True}
+    """
+
+    name: ClassVar[str] = "self-rag"
+    NEEDS_LOGPROBS: ClassVar[bool] = True
+    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "threshold", "w_rel", "w_sup", "w_use", "use_seqscore")
+
+    def __init__(
+        self,
+        *,
+        retriever: Retriever | None = None,
+        task: Task = "short",
+        top_k: int = 5,
+        threshold: float = 0.2,
+        w_rel: float = 1.0,
+        w_sup: float = 1.0,
+        w_use: float = 0.5,
+        use_seqscore: bool = True,
+        max_tokens: int | None = None,
+    ) -> None:
+        super().__init__(retriever=retriever, task=task)
+        self.top_k = check_int("top_k", top_k, minimum=1)
+        self.threshold = check_threshold("threshold", threshold)
+        self.w_rel, self.w_sup, self.w_use = (
+            _weight("w_rel", w_rel),
+            _weight("w_sup", w_sup),
+            _weight("w_use", w_use),
+        )
+        self.use_seqscore = check_bool("use_seqscore", use_seqscore)
+        default_tokens = 300 if task == "long" else 15
+        self.max_tokens = check_int(
+            "max_tokens", default_tokens if max_tokens is None else max_tokens, minimum=1
+        )
+
+    @classmethod
+    def search_space(cls, trial: Any) -> dict[str, Any]:
+        return {
+            "top_k": trial.suggest_int("top_k", 2, 8),
+            "threshold": trial.suggest_float("threshold", 0.0, 1.0),
+            "w_rel": trial.suggest_float("w_rel", 0.0, 2.0),
+            "w_sup": trial.suggest_float("w_sup", 0.0, 2.0),
+            "w_use": trial.suggest_float("w_use", 0.0, 2.0),
+            "use_seqscore": trial.suggest_categorical("use_seqscore", [True, False]),
+        }
+
+    def score(self, scores: dict[str, float]) -> float:
+        """A candidate's segment score from its :func:`reflection_scores`."""
+        total = (
+            self.w_rel * scores["relevance"] + self.w_sup * scores["support"] + self.w_use * scores["utility"]
+        )
+        return total + (scores["sequence"] if self.use_seqscore else 0.0)
+
+    def _answer(self, text: str) -> str:
+        answer = clean_generation(text)
+        if self.task == "yesno":
+            word = next((w for w in answer.lower().replace(".", " ").split() if w in ("yes", "no")), "")
+            return word or answer
+        return answer
+
+    async def aforward(self, question: str) -> dspy.Prediction:
+        ledger = self.start(question)
+        lm = dspy.settings.lm
+        if lm is None:
+            raise ConfigError("self-rag needs an LM: dspy.configure(lm=...) with a Self-RAG checkpoint")
+        client = CheckpointClient(lm)
+        try:
+            return await self._run(ledger, client, question)
+        finally:
+            client.close()
+
+    async def _run(self, ledger: RunLedger, client: CheckpointClient, question: str) -> dspy.Prediction:
+        prompt = self_rag_prompt(question, self.task)
+        first = await self.acall_stage(ledger, "decide", client, prompt=prompt, max_tokens=1)
+        odds = first.distribution(0, RETRIEVE_TOKENS)
+        p_retrieve: float | None = odds["[Retrieval]"] / sum(odds.values())
+        if all(math.isclose(p, math.exp(MISSING_LOGPROB)) for p in odds.values()):
+            # Neither token among the alternatives: follow the token the checkpoint wrote.
+            p_retrieve = None
+            retrieve = first.text.strip().startswith("[Retrieval]")
+        else:
+            retrieve = p_retrieve > self.threshold
+        ledger.record(
+            "decide",
+            retrieve=retrieve,
+            p_retrieve=None if p_retrieve is None else round(p_retrieve, 4),
+        )
+        passages = await aretrieve_recorded(self, ledger, question, self.top_k) if retrieve else []
+        if retrieve:
+            ledger.count_step()
+        if not passages:
+            plain = await self.acall_stage(
+                ledger, "generate", client, prompt=prompt + "[No Retrieval]", max_tokens=self.max_tokens
+            )
+            answer = self._answer(plain.text)
+            ledger.record("answer", source="none", answer=answer)
+            return self.finish(ledger, answer, [])
+        generations = await concurrently(
+            lambda p: self.acall_stage(
+                ledger, "critique", client, prompt=prompt + paragraph(p), max_tokens=self.max_tokens
+            ),
+            passages,
+        )
+        scored = [reflection_scores(g) for g in generations]
+        totals = [self.score(s) for s in scored]
+        for passage, generation, scores, total in zip(passages, generations, scored, totals, strict=True):
+            ledger.record(
+                "critique",
+                passage_id=passage.id,
+                candidate=clean_generation(generation.text),
+                **{k: round(v, 4) for k, v in scores.items()},
+                score=round(total, 4),
+            )
+        best = max(range(len(passages)), key=lambda i: (totals[i], -i))
+        answer = self._answer(generations[best].text)
+        ledger.record("answer", source="checkpoint", answer=answer, passage_id=passages[best].id)
+        return self.finish(
+            ledger, answer, [passages[best]], candidates=[clean_generation(g.text) for g in generations]
+        )
+
+
+__all__ = [
+    "CheckpointClient",
+    "Generation",
+    "SelfRAG",
+    "SelfRAGPrompted",
+    "reflection_scores",
+    "self_rag_prompt",
+]

@@ -46,6 +46,16 @@ class LookAhead(dspy.Signature):
     sentence: str = dspy.OutputField(desc="the next sentence")
 
 
+class NextSentence(dspy.Signature):
+    """Write the next sentence of the answer to the question, continuing the answer written so far and using
+    the passages. When the answer is complete, write its last sentence as "So the answer is: <answer>."."""
+
+    question: str = dspy.InputField()
+    passages: list[str] = dspy.InputField(desc="passages retrieved for this sentence, '[i] title | text'")
+    answer_so_far: str = dspy.InputField(desc="the sentences written so far")
+    sentence: str = dspy.OutputField(desc="the next sentence")
+
+
 class QueryComplexity(dspy.Signature):
     """Classify how much retrieval the question needs.
 
@@ -119,6 +129,7 @@ __all__ = [
     "CritiquedAnswer",
     "DraftThoughts",
     "LookAhead",
+    "NextSentence",
     "NextThought",
     "QueryComplexity",
     "ReadingNotes",

@@ -2,6 +2,20 @@
 :mod:`ragsuite.testing.openai_server`, a local OpenAI-compatible HTTP server). Used by the test-suite and the
 benchmarks; handy for users who want to unit-test their own compositions."""
 
-from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest, format_chat_reply, parse_chat_messages
+from ragsuite.testing.scripted import (
+    Reply,
+    ScriptedLM,
+    ScriptedRequest,
+    TokenLogprob,
+    format_chat_reply,
+    parse_chat_messages,
+)
 
-__all__ = ["ScriptedLM", "ScriptedRequest", "format_chat_reply", "parse_chat_messages"]
+__all__ = [
+    "Reply",
+    "ScriptedLM",
+    "ScriptedRequest",
+    "TokenLogprob",
+    "format_chat_reply",
+    "parse_chat_messages",
+]

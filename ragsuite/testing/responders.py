@@ -3,14 +3,73 @@ server: replies that parse for any stage of any registered program, without a mo
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ragsuite.testing.scripted import ScriptedRequest
+from ragsuite.testing.scripted import Reply, ScriptedRequest, TokenLogprob
 
 _OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)
 _PASSAGE_TITLE = re.compile(r"\[\d+\] ([^|]{3,60}) \|")
+
+
+#: Self-RAG's reflection tokens by the question each answers (a checkpoint's vocabulary spells them so).
+REFLECTION_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("[Retrieval]", "[No Retrieval]", "[Continue to Use Evidence]"),
+    ("[Relevant]", "[Irrelevant]"),
+    ("[Fully supported]", "[Partially supported]", "[No support / Contradictory]"),
+    tuple(f"[Utility:{i}]" for i in range(1, 6)),
+)
+_REFLECTION = re.compile(
+    "(" + "|".join(re.escape(t) for group in REFLECTION_GROUPS for t in group) + r"|</?paragraph>)"
+)
+
+
+def self_rag_reply(text: str, probs: Mapping[str, float] | None = None) -> Reply:
+    """A Self-RAG checkpoint's completion with scripted reflection-token probabilities.
+
+    Each reflection token of ``text`` is one token; the words between are whitespace-led tokens of
+    probability 1. At a reflection token's position the alternatives are the tokens of its group that
+    ``probs`` names (the written token gets ``probs.get(token, 1.0)``).
+
+    Example:
+        >>> reply = self_rag_reply("[Relevant]Paris[Utility:5]", {"[Relevant]": 0.7, "[Irrelevant]": 0.3})
+        >>> [t.token for t in reply.tokens]
+        ['[Relevant]', 'Paris', '[Utility:5]']
+    """
+    probs = dict(probs or {})
+    tokens = []
+    for piece in _REFLECTION.split(text):
+        if not piece:
+            continue
+        group = next((g for g in REFLECTION_GROUPS if piece in g), None)
+        if group is None:
+            tokens.extend(TokenLogprob(word, 0.0) for word in re.findall(r"\s*\S+|\s+", piece))
+            continue
+        top = tuple((t, math.log(probs[t])) for t in group if t in probs)
+        tokens.append(TokenLogprob(piece, math.log(probs.get(piece, 1.0)), top=top))
+    return Reply(text, tokens=tokens)
+
+
+def _self_rag_respond(gold: dict[str, str], request: ScriptedRequest) -> Reply:
+    """A Self-RAG checkpoint that knows nothing: it asks for retrieval, and a passage is relevant, supports
+    the answer and answers it exactly when it contains the gold answer."""
+    prompt = request.prompt or ""
+    instruction = prompt.split("### Instruction:\n", 1)[-1].split("\n\n### Response:", 1)[0]
+    question = instruction.split("## Input:\n\n")[-1]
+    answer = gold.get(question, "")
+    yes_no = "yes or no" in instruction
+    if "<paragraph>" not in prompt:
+        if prompt.endswith("[No Retrieval]"):
+            return self_rag_reply("no" if yes_no else "unknown")
+        return self_rag_reply("[Retrieval]", {"[Retrieval]": 0.9, "[No Retrieval]": 0.1})
+    evidence = prompt.rsplit("<paragraph>", 1)[-1].lower()
+    if answer and answer.lower() in evidence:
+        return self_rag_reply(f"[Relevant]{answer}[Fully supported][Utility:5]")
+    return self_rag_reply(
+        f"[Irrelevant]{'no' if yes_no else 'unknown'}[No support / Contradictory][Utility:1]"
+    )
 
 
 def grounded_responder(gold: dict[str, str]) -> Callable[[ScriptedRequest], dict[str, Any]]:
@@ -20,6 +79,8 @@ def grounded_responder(gold: dict[str, str]) -> Callable[[ScriptedRequest], dict
     shows (passages, notes, sub-answers), judges a passage or an update relevant/better only when it contains
     the gold answer, and writes notes that copy the evidence. Retrieval knobs therefore move both quality and
     cost, which makes it useful for tuning demos and end-to-end tests; its scores say nothing about a real LM.
+    Raw completion prompts (``/v1/completions`` of the local server) are answered as a Self-RAG checkpoint
+    would, with reflection tokens (see :func:`self_rag_reply`).
 
     Args:
         gold: Question text -> gold answer.
@@ -28,7 +89,9 @@ def grounded_responder(gold: dict[str, str]) -> Callable[[ScriptedRequest], dict
         >>> lm = ScriptedLM(grounded_responder({"Who wrote Hamlet?": "Shakespeare"}))  # doctest: +SKIP
     """
 
-    def respond(request: ScriptedRequest) -> dict[str, Any]:
+    def respond(request: ScriptedRequest) -> dict[str, Any] | Reply:
+        if request.prompt is not None:  # a raw completion: a Self-RAG checkpoint's prompt
+            return _self_rag_respond(gold, request)
         kinds = dict(_OUTPUT_FIELD.findall(request.system.split("Your output fields are:", 1)[-1]))
         question = request.inputs.get("question", "")
         answer = gold.get(question, "")

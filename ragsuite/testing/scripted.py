@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +38,8 @@ class ScriptedRequest:
         messages: Every message, demos included.
         sampling: The request's sampling settings (``temperature``, ``top_p``, ``seed``, ``max_tokens``)
             where the transport carries them (the local OpenAI-compatible server does; :class:`ScriptedLM`
-            does not).
+            does not), and the log-probability settings (``logprobs``, ``top_logprobs``).
+        prompt: The raw prompt of a ``/v1/completions`` request (None for chat requests).
     """
 
     instructions: str
@@ -48,6 +49,7 @@ class ScriptedRequest:
     user: str
     messages: list[dict[str, Any]] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
+    prompt: str | None = None
 
     def asks_for(self, *names: str) -> bool:
         """Whether every one of ``names`` is among the requested output fields."""
@@ -88,12 +90,59 @@ def format_chat_reply(values: dict[str, Any]) -> str:
     return "\n\n".join(blocks)
 
 
-Responder = Callable[[ScriptedRequest], "dict[str, Any] | str"]
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token with its log probability and the alternatives the server reports.
+
+    Attributes:
+        token: The token text.
+        logprob: Its natural-log probability (``<= 0``).
+        top: Alternatives as ``(token, logprob)`` pairs, most likely first; the chosen token is added to the
+            reported ``top_logprobs`` where it is missing.
+    """
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.logprob <= 0.0:
+            raise ValueError(f"the logprob of {self.token!r} must be <= 0, not {self.logprob!r}")
 
 
-def render_reply(request: ScriptedRequest, values: dict[str, Any] | str) -> str:
+@dataclass(frozen=True)
+class Reply:
+    """A responder's answer with scripted log probabilities.
+
+    Attributes:
+        content: Output field values (rendered as ChatAdapter text) or raw text, as a plain responder returns.
+        word_probs: Probability (``0 < p <= 1``) of the tokens whose stripped text is a key; other tokens get
+            the server's ``default_logprob``.
+        tokens: The exact tokens of the reply instead (their texts must concatenate to the rendered text).
+
+    Example:
+        >>> Reply({"answer": "Paris"}, word_probs={"Paris": 0.3})  # doctest: +SKIP
+    """
+
+    content: dict[str, Any] | str
+    word_probs: Mapping[str, float] = field(default_factory=dict)
+    tokens: Sequence[TokenLogprob] | None = None
+
+    def __post_init__(self) -> None:
+        for word, prob in self.word_probs.items():
+            if not 0.0 < prob <= 1.0:
+                raise ValueError(f"the probability of {word!r} must be in (0, 1], not {prob!r}")
+
+
+Responder = Callable[[ScriptedRequest], "dict[str, Any] | str | Reply"]
+
+
+def render_reply(request: ScriptedRequest, values: dict[str, Any] | str | Reply) -> str:
     """A responder's answer as ChatAdapter text: raw strings pass through verbatim; field values are put in
-    the order the prompt asked for, with a placeholder ``reasoning`` when the prompt wants one."""
+    the order the prompt asked for, with a placeholder ``reasoning`` when the prompt wants one. A
+    :class:`Reply` renders its content (its log probabilities only reach clients of the local server)."""
+    if isinstance(values, Reply):
+        values = values.content
     if isinstance(values, str):
         return values
     values = dict(values)

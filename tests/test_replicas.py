@@ -1,0 +1,331 @@
+"""One LM over several replicas (LiteLLM's Router): requests spread over them, a failing or down replica's
+requests move to another, keys and passwords stay out of run files; `ragsuite serve --replicas N`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import dspy
+import pytest
+
+from ragsuite.cli import main
+from ragsuite.errors import ConfigError
+from ragsuite.lm import build_lm, parse_lm_spec
+from ragsuite.lm_replicas import ReplicaLM
+from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
+from ragsuite.testing.processes import stop_process
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def answer(request) -> dict:
+    return {"answer": f"echo {request.inputs.get('question', '')}"}
+
+
+@contextlib.contextmanager
+def servers(count: int, **kwargs) -> Iterator[list[LocalOpenAIServer]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(LocalOpenAIServer(answer, **kwargs)) for _ in range(count)]
+
+
+def ask_all(lm: dspy.BaseLM, questions: list[str], threads: int = 8) -> list[str]:
+    predict = dspy.Predict("question -> answer")
+    predict.lm = lm
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(lambda q: predict(question=q).answer, questions))
+
+
+def test_specs_with_several_servers_are_replicas_of_one_model():
+    spec = parse_lm_spec("openai/m", api_base="http://a:1/v1, http://b:2/v1/")
+    assert spec.replicas == ("http://a:1/v1", "http://b:2/v1") and spec.api_base == "http://a:1/v1"
+    assert parse_lm_spec("vllm:m@http://a:1/v1,http://u:pw@b:2/v1").public()["api_base"] == [
+        "http://a:1/v1",
+        "http://b:2/v1",
+    ]
+    assert parse_lm_spec("openai/m", api_base=["http://a:1/v1", "http://b:2/v1"]).replicas
+    assert parse_lm_spec("openai/m", api_base="http://a:1/v1").replicas == ()
+    with pytest.raises(ConfigError, match="http://a:1/v1 twice"):
+        parse_lm_spec("openai/m", api_base="http://a:1/v1,http://u:p@a:1/v1")
+    with pytest.raises(ConfigError, match="empty item"):
+        parse_lm_spec("openai/m", api_base="http://a:1/v1,")
+    with pytest.raises(ConfigError, match="not an http"):
+        parse_lm_spec("openai/m", api_base="http://a:1/v1,ftp://b/v1")
+
+
+def test_requests_spread_over_every_replica_with_the_same_key(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "replica-key-123456")
+    with servers(3, latency=0.05) as replicas:
+        bases = [s.api_base for s in replicas]
+        lm = build_lm("openai/scripted", api_base=bases, cache=False, check=True)
+        assert isinstance(lm, ReplicaLM) and lm.replicas == tuple(bases)
+        questions = [f"q{i}" for i in range(36)]
+        assert ask_all(lm, questions, threads=9) == [f"echo {q}" for q in questions]
+        counts = [s.chat_requests for s in replicas]
+        keys = [dict(s.authorizations) for s in replicas]
+    assert sum(counts) == 36 and min(counts) >= 6, counts  # least-busy keeps all three in use
+    assert all(k == {"Bearer replica-key-123456": n} for k, n in zip(keys, counts, strict=True)), keys
+    state = json.dumps(lm.dump_state())
+    assert "replica-key" not in state and all(base in state for base in bases)
+
+
+def test_saved_state_lists_the_replicas_without_credentials_and_loads_back(monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "replica-key-123456")
+    lm = build_lm("openai/m", api_base="http://alice:pw-secret@a:1/v1,http://b:2/v1", seed=1)
+    predict = dspy.Predict("question -> answer")
+    predict.lm = lm
+    text = json.dumps(predict.dump_state())
+    assert "pw-secret" not in text and "alice" not in text and "replica-key" not in text
+    assert '"replicas": ["http://a:1/v1", "http://b:2/v1"]' in text and '"key_env": "VLLM_API_KEY"' in text
+    loaded = dspy.BaseLM.load_state(lm.dump_state(), allow_custom_lm_class=True)
+    assert isinstance(loaded, ReplicaLM) and loaded.replicas == ("http://a:1/v1", "http://b:2/v1")
+    assert loaded.kwargs["seed"] == 1 and loaded.cache_scope == lm.cache_scope
+
+
+@pytest.mark.parametrize("failure", ["server_error", "down"])
+def test_a_failing_replica_s_requests_move_to_another(failure, caplog):
+    with servers(2) as (good, bad):
+        broken = bad.api_base
+        if failure == "down":
+            broken = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+        else:
+            bad.fault_fn = lambda number, request: Fault("server_error")
+        # The broken replica first: least-busy sends it the first request.
+        lm = build_lm("openai/scripted", api_base=[broken, good.api_base], cache=False, retries=0)
+        questions = [f"q{i}" for i in range(16)]
+        with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+            assert ask_all(lm, questions, threads=4) == [f"echo {q}" for q in questions]
+    assert good.chat_requests == 16
+    if failure == "server_error":
+        assert bad.chat_requests >= 1  # it was tried, and each of its failures went to the good one
+    assert not [r for r in caplog.records if "retry" in r.getMessage()]  # no DSPy retry was needed
+
+
+def test_every_replica_busy_waits_are_dspy_s_capped_ones(caplog):
+    """Both replicas answer 429 with Retry-After: 3600 once: the Router fails over without waiting, then
+    DSPy's retry waits no longer than --max-retry-wait, and says so."""
+    with servers(2) as replicas:
+        for server in replicas:
+            server.inject(Fault("rate_limit", seconds=3600))
+        lm = build_lm(
+            "openai/scripted",
+            api_base=[s.api_base for s in replicas],
+            cache=False,
+            retries=2,
+            max_retry_wait=0.2,
+        )
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+            assert ask_all(lm, ["Which band?"]) == ["echo Which band?"]
+        elapsed = time.monotonic() - started
+        assert sum(s.chat_requests for s in replicas) == 3
+    assert elapsed < 15
+    waits = [r.getMessage() for r in caplog.records if "retry 1 in 0.2 s" in r.getMessage()]
+    assert waits and "capped by --max-retry-wait" in waits[0]
+
+
+def test_cached_answers_belong_to_the_set_of_replicas():
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
+    try:
+        with servers(3) as (a, b, c):
+            pair = build_lm("openai/scripted", api_base=[a.api_base, b.api_base], cache=True)
+            assert ask_all(pair, ["cached?"]) == ["echo cached?"]
+            assert ask_all(pair, ["cached?"]) == ["echo cached?"]
+            assert a.chat_requests + b.chat_requests == 1  # the second came from the cache
+            other = build_lm("openai/scripted", api_base=[a.api_base, c.api_base], cache=True)
+            assert ask_all(other, ["cached?"]) == ["echo cached?"]
+            assert a.chat_requests + b.chat_requests + c.chat_requests == 2  # another set: asked again
+    finally:
+        dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+
+
+def _eval(out: Path, *api_base_flags: str) -> list[str]:
+    return [
+        "eval",
+        "--program",
+        "no-retrieval",
+        "--dataset",
+        "hotpotqa",
+        "--lm",
+        "openai/scripted",
+        *api_base_flags,
+        "--no-cache",
+        "--no-progress",
+        "--limit",
+        "6",
+        "--threads",
+        "3",
+        "--retries",
+        "0",
+        "--out",
+        str(out),
+    ]
+
+
+@pytest.mark.parametrize("engine", ["threads", "async"])
+def test_eval_over_replicas_scores_right_with_one_failing_and_keeps_passwords_out(engine, tmp_path, capsys):
+    from ragsuite.data.datasets import load_dataset
+
+    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")[:6]}
+
+    def gold_answer(request) -> dict:
+        return {"answer": gold.get(request.inputs.get("question", ""), "?")}
+
+    with contextlib.ExitStack() as stack:
+        good, bad, third = (stack.enter_context(LocalOpenAIServer(gold_answer)) for _ in range(3))
+        bad.fault_fn = lambda number, request: Fault("server_error")
+        bases = [bad.api_base, good.api_base, third.api_base]
+        with_password = bad.api_base.replace("http://", "http://alice:s3cret-pass@")
+        code = main(
+            _eval(
+                tmp_path / "run",
+                "--api-base",
+                with_password,
+                "--api-base",
+                f"{good.api_base},{third.api_base}",
+                "--engine",
+                engine,
+            )
+        )
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        assert bad.chat_requests >= 1 and good.chat_requests + third.chat_requests == 6
+        assert set(bad.authorizations) == {"Basic YWxpY2U6czNjcmV0LXBhc3M="}  # its own basic auth only
+        assert set(good.authorizations) | set(third.authorizations) == {"Bearer EMPTY"}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["n"], summary["errors"], summary["metrics"]["exact_match"]) == (6, 0, 1.0)
+    assert summary["cost"]["lm_requests"] == 1.0  # answered requests; failed-over attempts are not counted
+    manifest_text = (tmp_path / "run" / "manifest.json").read_text()
+    manifest = json.loads(manifest_text)
+    assert manifest["lm"]["api_base"] == bases
+    for name in os.listdir(tmp_path / "run"):
+        assert "s3cret" not in (tmp_path / "run" / name).read_text(errors="replace"), name
+    assert "s3cret" not in captured.out + captured.err
+
+
+def test_eval_refuses_a_replica_that_is_down_at_the_start(tmp_path, capsys):
+    with LocalOpenAIServer(answer) as good:
+        dead = f"http://127.0.0.1:{free_port()}/v1"
+        assert main(_eval(tmp_path / "run", "--api-base", good.api_base, "--api-base", dead)) == 2
+        err = capsys.readouterr().err
+    assert f"cannot reach the LM server at {dead}/models" in err and "one of 2 replicas" in err
+    assert not (tmp_path / "run" / "records.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------------- serve --replicas
+FAKE_VLLM = textwrap.dedent(
+    """\
+    #!{python}
+    import json, os, signal, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    if port == {fail_port}:
+        sys.exit(5)
+    with open(os.path.join({logs!r}, f"{{port}}.json"), "w") as f:
+        json.dump({{"args": args, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}}, f)
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            body = json.dumps({{"data": [{{"id": args[1]}}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+def free_ports(count: int) -> int:
+    """A base port with ``count`` free ports after it."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
+def fake_vllm(tmp_path: Path, *, fail_port: int = 0) -> Path:
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    script = tmp_path / "vllm"
+    script.write_text(FAKE_VLLM.format(python=sys.executable, logs=str(logs), fail_port=fail_port))
+    script.chmod(0o755)
+    return script
+
+
+def test_serve_replicas_one_per_gpu_group_and_prints_the_flags(tmp_path):
+    script = fake_vllm(tmp_path)
+    port = free_ports(2)
+    argv = [sys.executable, "-m", "ragsuite", "serve", "--model", "org/M", "--port", str(port)]
+    argv += ["--replicas", "2", "--tensor-parallel-size", "2", "--vllm", str(script)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    bases = [f"http://127.0.0.1:{port + i}/v1" for i in range(2)]
+    try:
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert lines[0].startswith(f"vLLM is serving org/M on 2 replicas at {bases[0]}, {bases[1]}"), lines
+        assert lines[1].strip() == f"use: --lm openai/org/M --api-base {bases[0]} --api-base {bases[1]}"
+        assert lines[2].strip() == f"or: --lm vllm:org/M@{bases[0]},{bases[1]}"
+        logs = [json.loads((tmp_path / "logs" / f"{port + i}.json").read_text()) for i in range(2)]
+        assert [log["gpus"] for log in logs] == ["4,5", "6,7"]
+        assert all(log["args"][log["args"].index("--tensor-parallel-size") + 1] == "2" for log in logs)
+        # The printed flags work: the replicas answer as one LM's servers.
+        spec = parse_lm_spec("openai/org/M", api_base=bases)
+        from ragsuite.lm import check_endpoint
+
+        assert check_endpoint(spec) == ["org/M"]
+        process.send_signal(2)  # Ctrl-C stops every replica
+        assert process.wait(timeout=30) == 0
+    finally:
+        stop_process(process)
+    for base in bases:
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{base}/models", timeout=2)
+
+
+def test_serve_replicas_stops_all_when_one_fails_to_start(tmp_path, capsys):
+    port = free_ports(3)
+    script = fake_vllm(tmp_path, fail_port=port + 1)
+    code = main(["serve", "--model", "m", "--port", str(port), "--replicas", "3", "--vllm", str(script)])
+    assert code == 2
+    assert "replica 1 (GPU 1, http://127.0.0.1:" in capsys.readouterr().err
+    for i in (0, 2):
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port + i}/v1/models", timeout=2)
+
+
+def test_serve_replicas_errors(capsys, monkeypatch, tmp_path):
+    script = fake_vllm(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert main(["serve", "--model", "m", "--replicas", "3", "--vllm", str(script)]) == 2
+    assert "needs 3 GPUs, but CUDA_VISIBLE_DEVICES lists 2" in capsys.readouterr().err
+    assert main(["serve", "--model", "m", "--replicas", "0", "--vllm", str(script)]) == 2
+    assert "--replicas must be >= 1" in capsys.readouterr().err

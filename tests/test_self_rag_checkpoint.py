@@ -1,0 +1,147 @@
+"""Self-RAG read from a checkpoint's reflection-token probabilities, against the local server's
+/v1/completions with planted probabilities: the retrieval decision, the scoring and the choice of passage."""
+
+from __future__ import annotations
+
+import math
+
+import dspy
+import pytest
+
+from ragsuite import programs
+from ragsuite.errors import ConfigError
+from ragsuite.lm import build_lm
+from ragsuite.programs.self_rag import SelfRAG, clean_generation
+from ragsuite.retrieval.base import Passage
+from ragsuite.testing import ScriptedLM
+from ragsuite.testing.openai_server import LocalOpenAIServer
+from ragsuite.testing.responders import self_rag_reply
+from ragsuite.testing.retrievers import ListRetriever
+
+QUESTION = "Who directed Jaws?"
+PROMPT = "### Instruction:\nWho directed Jaws?\n\n### Response:\n"
+CORPUS = [Passage(f"p{i}", f"T{i}", f"text {i}") for i in range(10)]
+
+# Per passage: the checkpoint's generation and the probabilities planted at its reflection tokens.
+CANDIDATES = {
+    "text 0": (
+        "[Relevant]Lucas[Partially supported][Utility:4]",
+        {"[Relevant]": 0.9, "[Irrelevant]": 0.1, "[Fully supported]": 0.2, "[Partially supported]": 0.7}
+        | {"[No support / Contradictory]": 0.1, "[Utility:4]": 0.6, "[Utility:5]": 0.4},
+    ),
+    "text 1": (
+        "[Relevant]Steven Spielberg[Fully supported][Utility:5]",
+        {"[Relevant]": 0.8, "[Irrelevant]": 0.2, "[Fully supported]": 0.9, "[Partially supported]": 0.1}
+        | {"[Utility:5]": 0.9, "[Utility:4]": 0.1},
+    ),
+    "text 2": (
+        "[Irrelevant]Jaws[No support / Contradictory][Utility:1]",
+        {"[Relevant]": 0.1, "[Irrelevant]": 0.9, "[No support / Contradictory]": 0.8}
+        | {"[Partially supported]": 0.2, "[Utility:1]": 1.0},
+    ),
+}
+
+
+def checkpoint(p_retrieve: float):
+    def respond(request):
+        prompt = request.prompt
+        if "<paragraph>" in prompt:
+            text, probs = next(v for k, v in CANDIDATES.items() if f"\n{k}</paragraph>" in prompt)
+            return self_rag_reply(text, probs)
+        if prompt.endswith("[No Retrieval]"):
+            return self_rag_reply("Steven Spielberg directed it.")
+        written = "[Retrieval]" if p_retrieve >= 0.5 else "[No Retrieval]"
+        return self_rag_reply(written, {"[Retrieval]": p_retrieve, "[No Retrieval]": 1 - p_retrieve})
+
+    return respond
+
+
+def run_self_rag(p_retrieve: float = 0.9, **knobs):
+    retriever = ListRetriever(CORPUS, lambda query, k: [f"p{i}" for i in range(k)])
+    with LocalOpenAIServer(checkpoint(p_retrieve), model="selfrag_llama2_7b") as server:
+        lm = build_lm("openai/selfrag_llama2_7b", api_base=server.api_base, cache=False, retries=0)
+        with dspy.context(lm=lm):
+            prediction = SelfRAG(retriever=retriever, top_k=3, **knobs)(question=QUESTION)
+        return prediction, retriever, server.requests
+
+
+def expected_critique(text: str, probs: dict[str, float], w_rel=1.0, w_sup=1.0, w_use=0.5) -> float:
+    """The official short-form scoring, computed by hand from the planted probabilities."""
+
+    def p(name: str) -> float:
+        return probs.get(name, 0.0)
+
+    relevance = p("[Relevant]") / (p("[Relevant]") + p("[Irrelevant]"))
+    supports = [p("[Fully supported]"), p("[Partially supported]"), p("[No support / Contradictory]")]
+    support = (supports[0] + 0.5 * supports[1]) / sum(supports)
+    levels = [p(f"[Utility:{i}]") for i in range(1, 6)]
+    utility = sum(v * q for v, q in zip((-1, -0.5, 0, 0.5, 1), levels, strict=True)) / sum(levels)
+    return w_rel * relevance + w_sup * support + w_use * utility
+
+
+def sequence(text: str, probs: dict[str, float]) -> float:
+    tokens = self_rag_reply(text, probs).tokens
+    return math.exp(sum(t.logprob for t in tokens) / len(tokens))
+
+
+def test_choice_of_passage_follows_the_planted_reflection_scores():
+    prediction, retriever, requests = run_self_rag()
+    assert retriever.queries == [QUESTION]
+    assert prediction.stats["lm_calls"] == 4 == len(requests) and prediction.stats["retrievals"] == 1
+    assert requests[0].prompt == PROMPT and requests[0].sampling["max_tokens"] == 1
+    assert sorted(r.prompt for r in requests[1:]) == [
+        f"{PROMPT}[Retrieval]<paragraph>T{i}\ntext {i}</paragraph>" for i in range(3)
+    ]
+    assert all(r.sampling["logprobs"] == 20 and r.sampling["temperature"] == 0.0 for r in requests)
+    critiques = {e["passage_id"]: e for e in prediction.trace if e["stage"] == "critique"}
+    for i, (text, probs) in enumerate(CANDIDATES.values()):
+        want = expected_critique(text, probs) + sequence(text, probs)
+        assert critiques[f"p{i}"]["score"] == pytest.approx(want, abs=1e-4)
+    # p1: 0.8 + 0.95 + 0.5 * 0.95 = 2.225 (+0.90) beats p0: 0.9 + 0.55 + 0.5 * 0.7 = 1.8 (+0.78).
+    assert prediction.answer == "Steven Spielberg" and [p.id for p in prediction.passages] == ["p1"]
+    assert prediction.candidates == ["Lucas", "Steven Spielberg", "Jaws"]
+    decide = next(e for e in prediction.trace if e["stage"] == "decide")
+    assert decide == {"stage": "decide", "retrieve": True, "p_retrieve": 0.9}
+
+
+def test_weights_are_knobs_that_change_the_choice():
+    # Relevance alone, without the generation's probability: p0 (0.9) beats p1 (0.8).
+    prediction, _, _ = run_self_rag(w_sup=0.0, w_use=0.0, use_seqscore=False)
+    assert prediction.answer == "Lucas" and [p.id for p in prediction.passages] == ["p0"]
+    critiques = [e["score"] for e in prediction.trace if e["stage"] == "critique"]
+    assert critiques == pytest.approx([0.9, 0.8, 0.1], abs=1e-4)
+
+
+def test_retrieval_is_skipped_when_p_retrieve_is_below_the_threshold():
+    prediction, retriever, requests = run_self_rag(p_retrieve=0.15)  # 0.15 < delta 0.2
+    assert retriever.queries == [] and prediction.stats["retrievals"] == 0
+    assert prediction.stats["lm_calls"] == 2 == len(requests)
+    assert requests[1].prompt == PROMPT + "[No Retrieval]"
+    assert prediction.answer == "Steven Spielberg directed it." and prediction.passages == []
+    # The same checkpoint under a lower threshold retrieves.
+    prediction, retriever, requests = run_self_rag(p_retrieve=0.15, threshold=0.1)
+    assert retriever.queries == [QUESTION] and len(requests) == 4
+
+
+def test_lm_that_is_not_a_served_checkpoint_is_refused_naming_the_prompted_variant():
+    with (
+        dspy.context(lm=ScriptedLM(lambda request: {"answer": "x"})),
+        pytest.raises(ConfigError, match="self-rag-prompted"),
+    ):
+        SelfRAG(retriever=ListRetriever(CORPUS, lambda q, k: ["p0"]))(question=QUESTION)
+
+
+def test_registered_with_the_papers_defaults():
+    assert programs.get("self-rag") is SelfRAG
+    assert SelfRAG.default_knobs() == {
+        "top_k": 5,
+        "threshold": 0.2,
+        "w_rel": 1.0,
+        "w_sup": 1.0,
+        "w_use": 0.5,
+        "use_seqscore": True,
+    }
+    assert SelfRAG().max_tokens == 15 and SelfRAG(task="long").max_tokens == 300
+    assert clean_generation("[Relevant]Paris[Fully supported][Utility:5]</s>") == "Paris"
+    with pytest.raises(ConfigError, match="threshold"):
+        SelfRAG(threshold=2.0)
