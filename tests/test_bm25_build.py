@@ -292,3 +292,50 @@ def test_two_processes_building_one_index_build_it_once(tmp_path: Path, data_dir
     assert len({out.split()[1] for out, _ in outputs}) == 1
     assert any("waiting for it" in err for _, err in outputs)
     assert [p.name for p in (cache / "bm25").iterdir()] == [outputs[0][0].split()[1]]
+
+
+@needs_numba
+def test_the_float32_kernel_ranks_near_ties_by_their_exact_float64_sums(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Weights whose float32 sums tie (1 + tiny rounds to 1 in float32) while their float64 sums differ, and
+    # exact ties broken by passage order: the compiled kernel must rank as the float64 fallback does.
+    rng = np.random.default_rng(0)
+    n = 5000
+    tiny = np.float32(2.0**-30)
+    columns = [
+        (np.arange(n), np.ones(n, dtype=np.float32)),  # every passage: 1.0
+        (np.sort(rng.choice(n, 800, replace=False)), (rng.integers(1, 4, 800) * tiny).astype(np.float32)),
+        (np.sort(rng.choice(n, 300, replace=False)), rng.choice([0.5, 0.25], 300).astype(np.float32)),
+        (np.sort(rng.choice(n, 50, replace=False)), np.full(50, 2.0**-20, dtype=np.float32)),
+    ]
+    indptr = np.zeros(len(columns) + 1, dtype=np.int64)
+    np.cumsum([len(c[0]) for c in columns], out=indptr[1:])
+    indices = np.concatenate([c[0] for c in columns]).astype(np.int32)
+    weights = np.concatenate([c[1] for c in columns])
+    queries = [
+        np.array(q, dtype=np.int64) for q in ([0, 1], [1, 0], [0, 1, 3], [0, 2, 1, 3], [1, 1, 0], [3, 1])
+    ]
+    bases = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.25])
+    for k in (1, 10, 600):
+        monkeypatch.setenv("RAGSUITE_BM25_KERNEL", "numpy")
+        expected = bm25_kernel.top_k_many(
+            indptr, indices, weights, queries, bases, bm25_kernel.Workspace(n), k
+        )
+        monkeypatch.setenv("RAGSUITE_BM25_KERNEL", "numba")
+        got = bm25_kernel.top_k_many(indptr, indices, weights, queries, bases, bm25_kernel.Workspace(n), k)
+        for (want_docs, want_scores), (docs, scores), terms, base in zip(
+            expected, got, queries, bases, strict=True
+        ):
+            assert docs.tolist() == want_docs.tolist() and scores.tolist() == want_scores.tolist()
+            # and both are the float64 ranking of every passage, sums in query-term order
+            dense = np.zeros(n)
+            for t in terms:
+                span = slice(indptr[t], indptr[t + 1])
+                dense[indices[span]] += weights[span].astype(np.float64)
+            order = np.lexsort((np.arange(n), -dense))[:k]
+            order = order[dense[order] > 0]
+            assert docs.tolist() == order.tolist()
+            assert scores.tolist() == (dense[order] + base).tolist()
+        if k == 600:  # the float32 sums alone would not have separated these passages
+            assert len(set(got[0][1].tolist())) >= 3 and len(set(got[0][1].astype(np.float32).tolist())) == 1

@@ -25,8 +25,9 @@ musique .491 -> .539, strategyqa .714 -> .751, asqa .761 -> .805, nq .920 -> .94
 The index is built and served by :mod:`ragsuite.retrieval.bm25_index`: a streaming build whose memory does
 not grow with the corpus (shards sorted on disk, then merged), resumable after a kill, with the weights bm25s
 itself would store; served from memory-mapped files, so opening a 21M-passage index reads a few KB. A query
-adds the weights of its terms' postings into a reusable score buffer and ranks only the passages it touched,
-so its cost follows the postings it reads, not the corpus size.
+adds the weights of its terms' postings into a reusable score buffer and ranks only the blocks of passages it
+touched, so its cost follows the postings it reads, not the corpus size
+(:mod:`ragsuite.retrieval.bm25_kernel`).
 """
 
 from __future__ import annotations
@@ -471,6 +472,8 @@ class BM25Retriever:
         self._indices = np.asarray(index.indices)
         self._weights = np.asarray(index.weights)
         self._workspaces = bm25_kernel.Workspaces(self._n)
+        # Each term's highest weight (-1: not yet known), found by the compiled kernel on its first query.
+        self._max_weights = np.full(len(self._indptr) - 1, -1.0, dtype=np.float32)
 
     # -- querying -----------------------------------------------------------------------------------
 
@@ -493,7 +496,7 @@ class BM25Retriever:
             bases = np.array([float(index.nonoccurrence[t].sum()) for t in terms])
         with self._workspaces.borrow() as workspace:
             ranked = bm25_kernel.top_k_many(
-                self._indptr, self._indices, self._weights, terms, bases, workspace, k
+                self._indptr, self._indices, self._weights, terms, bases, workspace, k, self._max_weights
             )
         return [
             self._passages(docs.tolist(), scores.tolist(), float(base), k)
