@@ -22,8 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "data",
-        help="list datasets; convert public dataset files to corpus.jsonl/dev.jsonl",
-        description="List the datasets, or convert a public release to ragsuite's corpus/dev JSONL layout.",
+        help="download the papers' datasets and corpora; list them and their sources; convert public files",
+        description=(
+            "Download the papers' datasets and corpora, list what is installed and on offer, show every "
+            "source, or convert a public release to ragsuite's corpus/dev JSONL layout."
+        ),
     )
     actions = parser.add_subparsers(dest="data_command", metavar="ACTION")
 
