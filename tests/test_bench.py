@@ -239,3 +239,4 @@ def test_per_dataset_splits_select_the_papers_subsets(tmp_path) -> None:
     assert argv[argv.index("--split") + 1] == "test"  # IRCoT's 500 test questions
     argv = bench.eval_argv(spec, cells[("deepnote", "asqa")])
     assert argv[argv.index("--split") + 1] == "dev"  # ALCE's 948 questions
+    assert "--limit" not in argv  # all 948 of them, not a 500-question cut
