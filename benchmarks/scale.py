@@ -14,9 +14,10 @@ earlier step:
 * **open**: wall time and RSS of a fresh process opening the built index (bm25s: ``BM25.load(mmap=True)``);
 * **query**: latency p50/p99 of one-by-one queries (real HotpotQA dev questions; the first query, which
   compiles the kernel or warms the maps, is reported apart), and batched throughput (one call for all queries,
-  every core); ragsuite with its compiled kernel (numba) and its NumPy fallback, bm25s with its numpy backend
-  one by one and its numba backend batched. RSS after querying is reported with its anonymous part: the rest
-  is file pages of the memory-mapped index, which the OS can drop.
+  tokenizing included, with as many threads for every engine: one per CPU); ragsuite with its compiled kernel
+  (numba) and its NumPy fallback, bm25s with its numpy backend one by one and its numba backend batched.
+  RSS after querying is reported with its anonymous part: the rest is file pages of the memory-mapped index,
+  which the OS can drop.
 
 The last table fits build time and peak RSS linearly in the passage count (least squares over the sizes run)
 and extrapolates to 5.2M (HotpotQA abstracts) and 21M (Wikipedia 2018) passages.
@@ -346,7 +347,10 @@ def print_tables(results: list[dict]) -> None:
             f"| {_latency_cell(r['query'].get('numpy'))} | {_latency_cell(r.get('bm25s_query'))} "
             f"| {_latency_cell(tantivy)} | {overlap} |"
         )
-    print("\n## Batched queries on every core: queries/s; memory after querying")
+    print(
+        f"\n## Batched queries on every core ({os.cpu_count()} threads each: ragsuite's batch() runs a "
+        f"thread per CPU, bm25s' retrieve gets n_threads={os.cpu_count()}): queries/s; memory after querying"
+    )
     print(
         "| passages | ragsuite (numba) | ragsuite (NumPy) | bm25s numba backend | ragsuite / bm25s numba "
         "| tantivy (a thread per core) | ragsuite RSS after, of which anonymous |"

@@ -114,6 +114,22 @@ def test_batch_equals_single_queries(tmp_path: Path) -> None:
     assert retriever.batch([], 4) == []
 
 
+def test_batch_tokenizing_and_passage_reads_match_one_at_a_time(tmp_path: Path) -> None:
+    texts = ["Dvořák's symphonies", "", "running runners ran", "the of", "Stettin STETTIN stettin's"]
+    one_by_one = BM25Retriever(CORPUS, persist=False)._tokenize
+    batched = BM25Retriever(CORPUS, persist=False)._tokenize  # a fresh stem cache: every word unknown
+    expected = [one_by_one(t) for t in texts]
+    assert batched.many(texts) == expected
+    assert batched.many(texts) == expected  # now from the cache
+    assert expected[2] and expected[2][0] == "run"
+    store = BM25Retriever(CORPUS, cache_dir=tmp_path).passages
+    order = np.array([9, 0, 5, 5, 3], dtype=np.int64)
+    scores = [4.0, 3.5, 2.0, 2.0, 0.25]
+    assert store.get_many(order, scores) == [store.get(int(i), s) for i, s in zip(order, scores, strict=True)]
+    assert store.get_many(order, scores)[2] == Passage("p5", "Antonín Dvořák", CORPUS[5].text, 2.0)
+    assert store.get_many(np.zeros(0, dtype=np.int64), []) == []
+
+
 def test_title_weight_and_accent_folding(tmp_path: Path) -> None:
     retriever = BM25Retriever(CORPUS, cache_dir=tmp_path)
     assert retriever("Dvorak", 1)[0].id == "p5"

@@ -183,6 +183,18 @@ class _Tokenizer:
             return {w: w for w in unique}
         return dict(zip(unique, self._stemmer().stemWords(unique), strict=True))
 
+    def many(self, texts: Sequence[str]) -> list[list[str]]:
+        """``[self(t) for t in texts]``, with one PyStemmer call for the words of all texts not yet known."""
+        word_lists = [self.words(text) for text in texts]
+        if self._stemmer_name is None:
+            return word_lists
+        cache = self._cache
+        stems = self.stem_all(w for words in word_lists for w in words if w not in cache)
+        if stems and len(cache) < _STEM_CACHE_LIMIT:
+            cache.update(stems)
+        # A word missing from the (only growing) cache was stemmed just above.
+        return [[cache[w] if w in cache else stems[w] for w in words] for words in word_lists]
+
     def __call__(self, text: str) -> list[str]:
         words = self.words(text)
         if self._stemmer_name is None:
@@ -478,11 +490,18 @@ class BM25Retriever:
     # -- querying -----------------------------------------------------------------------------------
 
     def _term_ids(self, query: str) -> list[int]:
-        if not isinstance(query, str):
-            raise ConfigError(f"a query must be a string, got {type(query).__name__}")
+        return self._term_ids_many([query])[0]
+
+    def _term_ids_many(self, queries: Sequence[str]) -> list[list[int]]:
+        """Each query's indexed term ids, in query order (the batch tokenized and stemmed at once)."""
+        for query in queries:
+            if not isinstance(query, str):
+                raise ConfigError(f"a query must be a string, got {type(query).__name__}")
         lookup = self._index.vocabulary.get
-        ids = (lookup(t) for t in self._tokenize(query) if t != "")
-        return [t for t in ids if t is not None]
+        return [
+            [i for t in tokens if t != "" and (i := lookup(t)) is not None]
+            for tokens in self._tokenize.many(list(queries))
+        ]
 
     def _search_many(self, term_lists: list[list[int]], k: int) -> list[list[Passage]]:
         """The top ``k`` passages of each query, ranked exactly as sorting every passage by (score
@@ -498,22 +517,33 @@ class BM25Retriever:
             ranked = bm25_kernel.top_k_many(
                 self._indptr, self._indices, self._weights, terms, bases, workspace, k, self._max_weights
             )
-        return [
-            self._passages(docs.tolist(), scores.tolist(), float(base), k)
-            for (docs, scores), base in zip(ranked, bases, strict=True)
-        ]
+        for q, (docs, scores) in enumerate(ranked):
+            if len(docs) < k:  # every other passage scores the base: they follow in corpus order
+                ranked[q] = self._padded(docs, scores, float(bases[q]), k)
+        # One gather over the whole chunk's passages, then split per query.
+        everything = self._index.passages.get_many(
+            np.concatenate([docs for docs, _ in ranked]), np.concatenate([s for _, s in ranked]).tolist()
+        )
+        results, start = [], 0
+        for docs, _ in ranked:
+            results.append(everything[start : start + len(docs)])
+            start += len(docs)
+        return results
 
-    def _passages(self, top: list[int], top_scores: list[float], base: float, k: int) -> list[Passage]:
-        if len(top) < k:  # every other passage scores `base`: they follow in corpus order
-            matched = set(top)
-            for i in range(self._n):
-                if len(top) >= k:
-                    break
-                if i not in matched:
-                    top.append(i)
-                    top_scores.append(base)
-        get = self._index.passages.get
-        return [get(i, score) for i, score in zip(top, top_scores, strict=True)]
+    def _padded(
+        self, docs: np.ndarray, scores: np.ndarray, base: float, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A query's matched passages followed by the first others in corpus order, at the base score."""
+        matched, extra = set(docs.tolist()), []
+        for i in range(self._n):
+            if len(docs) + len(extra) >= k:
+                break
+            if i not in matched:
+                extra.append(i)
+        return (
+            np.concatenate([docs, np.array(extra, dtype=np.int64)]),
+            np.concatenate([scores, np.full(len(extra), base)]),
+        )
 
     def _check_k(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -536,7 +566,7 @@ class BM25Retriever:
     def batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """``[self(q, k) for q in queries]``."""
         self._check_k(k)
-        all_ids = [self._term_ids(q) for q in queries]
+        all_ids = self._term_ids_many(queries)
         results: list[list[Passage]] = [[] for _ in all_ids]
         scored = [i for i, ids in enumerate(all_ids) if ids]  # no indexed term: matches nothing
         workers = (os.cpu_count() or 1) if bm25_kernel.kernel_name() == "numba" else 1

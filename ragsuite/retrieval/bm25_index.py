@@ -582,6 +582,21 @@ class PassageStore(Sequence[Passage]):
         pid, title, text = self._fields(i)
         return Passage(pid, title, text, score)
 
+    def get_many(self, numbers: np.ndarray, scores: Sequence[float]) -> list[Passage]:
+        """:meth:`get` of many passage numbers (one gather of their offsets, not a slice per passage)."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        bounds = self._offsets[3 * numbers[:, None] + np.arange(4)].tolist()
+        blob = self._blob
+        return [
+            Passage(
+                blob[start:a].decode("utf-8", "surrogatepass"),
+                blob[a:b].decode("utf-8", "surrogatepass"),
+                blob[b:end].decode("utf-8", "surrogatepass"),
+                score,
+            )
+            for (start, a, b, end), score in zip(bounds, scores, strict=True)
+        ]
+
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self.get(j) for j in range(*i.indices(len(self)))]

@@ -15,7 +15,9 @@ traffic and still returns the exact float64 ranking, in the manner of a filter-t
    k-th best float32 sum ``f`` is within ``e`` of the exact k-th best score, so every passage of the exact top
    k has a float32 sum of at least ``f - 2e``. Only those passages (the kernel uses 4x the bound) are
    **verified**: their float64 sums are recomputed, in query-term order, by galloping through each term's
-   ascending postings, and compete in a heap by (score, corpus order).
+   ascending postings, and compete in a heap by (score, corpus order). Once the heap is full, a block is
+   first tested with a branchless (vectorized) count of its sums within reach; most have none and are just
+   cleared.
 
 So the result is the fallback's, bit for bit, while the verified passages are about k plus near-ties. The
 kernel releases the GIL. ``pip install 'ragsuite[fast]'`` (numba) selects it; ``RAGSUITE_BM25_KERNEL=numpy``
@@ -179,6 +181,14 @@ def _compile() -> Any:
     block_bits = BLOCK_BITS
 
     @njit
+    def reaching(scores, lo, hi, collect):  # type: ignore[no-untyped-def]
+        # How many of scores[lo:hi] reach ``collect``: a branchless count, which LLVM vectorizes.
+        count = 0
+        for d in range(lo, hi):
+            count += np.int32(scores[d] >= collect)
+        return count
+
+    @njit
     def worse(score_a: float, doc_a: int, score_b: float, doc_b: int) -> bool:
         return score_a < score_b or (score_a == score_b and doc_a > doc_b)
 
@@ -337,7 +347,12 @@ def _compile() -> Any:
             if not dirty[b]:
                 continue
             dirty[b] = 0
-            for d in range(b << block_bits, min(n, (b + 1) << block_bits)):
+            lo, hi = b << block_bits, min(n, (b + 1) << block_bits)
+            if size32 == k and reaching(scores, lo, hi, collect) == 0:
+                # Nothing here can enter: clear the block in one vectorized sweep.
+                scores[lo:hi] = 0.0
+                continue
+            for d in range(lo, hi):
                 s = scores[d]
                 scores[d] = 0.0  # leave the buffer all zero
                 if s >= collect:
