@@ -37,7 +37,7 @@ import dspy
 
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, register
+from ragsuite.programs.base import RAGProgram, RunLedger, register
 from ragsuite.programs.ircot import ANSWER_IS
 from ragsuite.programs.pipeline import arun_answer, check_int, check_threshold, merge_passages
 from ragsuite.retrieval.base import Passage, Retriever
@@ -119,10 +119,22 @@ class FlareInstruct(RAGProgram):
             if ANSWER_IS.search(sentence):
                 reason = "answer"
                 break
-        ledger.record("stop", reason=reason, sentences=len(sentences))
-        text = " ".join(sentences) or "nothing"
-        answer = await arun_answer(self, ledger, source="note", question=question, note=text)
-        return self.finish(ledger, answer, merge_passages(evidence), generated=text)
+        return await _answer_from_sentences(self, ledger, question, sentences, evidence, reason)
+
+
+async def _answer_from_sentences(
+    program: RAGProgram,
+    ledger: RunLedger,
+    question: str,
+    sentences: list[str],
+    evidence: list[list[Passage]],
+    reason: str,
+) -> dspy.Prediction:
+    """Both variants' ending: the reader answers from the generated sentences; evidence is what was read."""
+    ledger.record("stop", reason=reason, sentences=len(sentences))
+    text = " ".join(sentences) or "nothing"
+    answer = await arun_answer(program, ledger, source="note", question=question, note=text)
+    return program.finish(ledger, answer, merge_passages(evidence), generated=text)
 
 
 def _entries(logprobs: Any) -> list[tuple[str, float]]:
@@ -297,10 +309,7 @@ class FlareDirect(RAGProgram):
             if ANSWER_IS.search(sentence):
                 reason = "answer"
                 break
-        ledger.record("stop", reason=reason, sentences=len(sentences))
-        text = " ".join(sentences) or "nothing"
-        answer = await arun_answer(self, ledger, source="note", question=question, note=text)
-        return self.finish(ledger, answer, merge_passages(evidence), generated=text)
+        return await _answer_from_sentences(self, ledger, question, sentences, evidence, reason)
 
 
 __all__ = ["FlareDirect", "FlareInstruct", "field_token_probs", "masked_query"]
