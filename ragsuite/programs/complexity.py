@@ -363,7 +363,7 @@ class TransformerComplexityClassifier(_Classifier):
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-                total += float(loss) * len(batch)
+                total += float(loss.detach()) * len(batch)
             epoch_losses.append(total / len(order))
         self.model.eval()
         predicted = np.array([COMPLEXITY_LABELS.index(self.predict(q)) for q in questions])
