@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragsuite.errors import DataError, MissingExtraError
+from ragsuite.errors import DataError, require
 
 
 @dataclass(frozen=True)
@@ -153,19 +153,19 @@ def svg_scatter(scatter: Scatter, *, width: int = 470, height: int = 320) -> str
 
 
 # ------------------------------------------------------------------------------------------- PNG
-def require_matplotlib() -> Any:
-    """matplotlib's Figure and Agg canvas, or :class:`MissingExtraError` naming the ``plot`` extra."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise MissingExtraError("matplotlib", "plot", "ragsuite report --png") from exc
-    return Figure, FigureCanvasAgg
+def require_matplotlib(feature: str = "ragsuite report --png") -> Any:
+    """matplotlib's Figure and Agg canvas, or :class:`MissingExtraError` naming ``feature`` and the ``plot``
+    extra."""
+    figure = require("matplotlib.figure", extra="plot", feature=feature)
+    backend = require("matplotlib.backends.backend_agg", extra="plot", feature=feature)
+    return figure.Figure, backend.FigureCanvasAgg
 
 
-def png_scatters(scatters: Sequence[Scatter], path: Path, *, title: str = "") -> Path:
-    """The scatters side by side in one PNG file."""
-    figure_class, canvas = require_matplotlib()
+def png_scatters(
+    scatters: Sequence[Scatter], path: Path, *, title: str = "", feature: str = "ragsuite report --png"
+) -> Path:
+    """The scatters side by side in one PNG file (``feature`` names what needs matplotlib, for its error)."""
+    figure_class, canvas = require_matplotlib(feature)
     figure = figure_class(figsize=(5.2 * len(scatters), 4.2), dpi=110)
     canvas(figure)  # the Agg canvas renders without touching pyplot's global backend
     axes = figure.subplots(1, len(scatters), squeeze=False)[0]

@@ -389,52 +389,26 @@ def pareto_front(study: optuna.Study) -> list[FrozenTrial]:
 def plot_pareto(
     study: optuna.Study, objectives: Sequence[str], path: Path, *, title: str = "", quality: str = "quality"
 ) -> Path:
-    """Scatter every completed trial (quality against each cost objective) with the Pareto front drawn.
+    """Scatter every completed trial (quality against each cost objective) with the Pareto front drawn, by
+    the same drawing as ``ragsuite report --png``.
 
     Raises:
         MissingExtraError: when matplotlib is not installed (``pip install -e '.[plot]'``).
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise MissingExtraError("matplotlib", "plot", "the Pareto plot") from exc
+    from ragsuite.report_plots import Point, Scatter, png_scatters
+
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    front = pareto_front(study)
-    costs = list(objectives[1:])
-    figure = Figure(figsize=(5.2 * len(costs), 4.2), dpi=110)
-    FigureCanvasAgg(figure)  # the Agg canvas renders without touching pyplot's global backend
-    axes = figure.subplots(1, len(costs), squeeze=False)[0]
-    for i, (axis, cost) in enumerate(zip(axes, costs, strict=True), start=1):
-        axis.scatter(
-            [t.values[i] for t in done], [t.values[0] for t in done], c="#9aa5b1", s=22, label="trials"
+    front = {t.number for t in pareto_front(study)}
+    scatters = [
+        Scatter(
+            f"{quality} vs {cost}",
+            f"{cost} per question (lower is better)",
+            f"{quality} (higher is better)",
+            tuple(Point(t.values[i], t.values[0], f"#{t.number}", t.number in front) for t in done),
         )
-        ordered = sorted(front, key=lambda t: t.values[i])
-        axis.plot(
-            [t.values[i] for t in ordered],
-            [t.values[0] for t in ordered],
-            "o-",
-            c="#d1495b",
-            ms=6,
-            label="Pareto front",
-        )
-        # Trials with identical scores share one label: "#13 (+7)".
-        labels: dict[tuple[float, float], list[int]] = {}
-        for t in ordered:
-            labels.setdefault((t.values[i], t.values[0]), []).append(t.number)
-        for (x, y), numbers in labels.items():
-            text = f"#{numbers[0]}" + (f" (+{len(numbers) - 1})" if len(numbers) > 1 else "")
-            axis.annotate(text, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-        axis.set_xlabel(f"{cost} per question (lower is better)")
-        axis.set_ylabel(f"{quality} (higher is better)")
-        axis.grid(alpha=0.3)
-        axis.legend(loc="lower right", fontsize=8)
-    if title:
-        figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    return path
+        for i, cost in enumerate(objectives[1:], start=1)
+    ]
+    return png_scatters(scatters, path, title=title, feature="the Pareto plot")
 
 
 def _write_json(path: Path, data: Any) -> Path:
