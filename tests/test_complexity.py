@@ -175,11 +175,15 @@ def test_cli_trains_from_three_runs(tmp_path, capsys) -> None:
         expected.append("C" if failed else label)
     names = (("none", none), ("one", single), ("ircot", multi))
     runs = [write_run(tmp_path / name, "hotpotqa", outcomes) for name, outcomes in names]
+    with (runs[2] / "records.jsonl").open("a") as handle:
+        handle.write('{"id": "torn"')  # a kill mid-write: named on stderr, and --json stays parseable
     out = tmp_path / "clf"
     argv = ["classifier", "train", "--no-retrieval", str(runs[0]), "--single-step", str(runs[1])]
     argv += ["--multi-step", str(runs[2]), "--out", str(out), "--json", "--holdout", "0.25"]
     assert main(argv) == 0
-    report = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    report = json.loads(printed.out)
+    assert "truncated last line" in printed.err and "skipped" in printed.err
     assert 0 < expected.count("C") - labels.count("C")
     assert report["labels"] == {label: expected.count(label) for label in "ABC"}
     assert report["metric"] == "accuracy" and report["hops"] == "multi"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def _run(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         raise ConfigError(f"{directory / MANIFEST} cannot be read ({exc})") from exc
     log = read_records(records_path)
     for problem in log.problems:
-        print(f"warning: skipped {problem}")
+        print(f"warning: {problem}; skipped", file=sys.stderr)  # stdout may be --json
     return manifest, log.records
 
 
