@@ -145,3 +145,26 @@ def test_registered_with_the_papers_defaults():
     assert clean_generation("[Relevant]Paris[Fully supported][Utility:5]</s>") == "Paris"
     with pytest.raises(ConfigError, match="threshold"):
         SelfRAG(threshold=2.0)
+
+
+def test_an_eval_record_counts_every_checkpoint_completion_as_an_lm_invocation():
+    """The completions bypass dspy.LM, but DSPy's callbacks see them as its calls: the record's invocations
+    and requests both equal what the server received (none is counted as a free cache hit)."""
+    from ragsuite.evaluation import evaluate
+
+    retriever = ListRetriever(CORPUS, lambda query, k: [f"p{i}" for i in range(k)])
+    example = dspy.Example(id="q1", question=QUESTION, answers=["Steven Spielberg"]).with_inputs("question")
+    with LocalOpenAIServer(checkpoint(0.9), model="selfrag_llama2_7b") as server:
+        lm = build_lm("openai/selfrag_llama2_7b", api_base=server.api_base, cache=True, retries=0)
+        with dspy.context(lm=lm):
+            result = evaluate(
+                SelfRAG(retriever=retriever, top_k=3),
+                [example],
+                dataset="hotpotqa",
+                threads=1,
+                progress=False,
+            )
+        sent = len(server.requests)
+    tokens = result.records[0]["tokens"]
+    assert sent == 4
+    assert tokens["lm_invocations"] == tokens["requests"] == sent and tokens["cache_hits"] == 0

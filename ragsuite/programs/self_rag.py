@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import dspy
+from dspy.utils.callback import with_callbacks
 
 from ragsuite.aio import concurrently
 from ragsuite.data.datasets import Task
@@ -281,6 +282,7 @@ class CheckpointClient:
             )
         import openai
 
+        self.lm = lm
         self.lm_name = model
         self.model = name
         self._client = openai.OpenAI(
@@ -295,6 +297,11 @@ class CheckpointClient:
         self._client.close()
 
     def __call__(self, *, prompt: str, max_tokens: int) -> Generation:
+        # Reported to DSPy's callbacks as a call of the dspy.LM in use, so that eval counts it as an LM
+        # invocation and MLflow traces it like every other LM call.
+        return _as_lm_call(self.lm, self, prompt=prompt, max_tokens=max_tokens)
+
+    def _complete(self, *, prompt: str, max_tokens: int) -> Generation:
         reply = self._client.completions.create(
             model=self.model,
             prompt=prompt,
@@ -328,6 +335,12 @@ class CheckpointClient:
             ),
             top=tuple(dict(top or {}) for top in (logprobs.top_logprobs or [{}] * len(logprobs.tokens))),
         )
+
+
+@with_callbacks
+def _as_lm_call(instance: Any, client: CheckpointClient, *, prompt: str, max_tokens: int) -> Generation:
+    """``client``'s completion, seen by DSPy's callbacks as a call of ``instance`` (the dspy.LM in use)."""
+    return client._complete(prompt=prompt, max_tokens=max_tokens)
 
 
 @register
