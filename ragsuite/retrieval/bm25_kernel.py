@@ -15,9 +15,9 @@ traffic and still returns the exact float64 ranking, in the manner of a filter-t
    k-th best float32 sum ``f`` is within ``e`` of the exact k-th best score, so every passage of the exact top
    k has a float32 sum of at least ``f - 2e``. Only those passages (the kernel uses 4x the bound) are
    **verified**: their float64 sums are recomputed, in query-term order, by galloping through each term's
-   ascending postings, and compete in a heap by (score, corpus order). Once the heap is full, a block is
-   first tested with a branchless (vectorized) count of its sums within reach; most have none and are just
-   cleared.
+   ascending postings, and compete in a heap by (score, corpus order). Each touched block is first moved out
+   of the buffer (leaving it zero) by one branchless, vectorized sweep that also counts its sums within
+   reach; most blocks have none and need nothing more.
 
 So the result is the fallback's, bit for bit, while the verified passages are about k plus near-ties. The
 kernel releases the GIL. ``pip install 'ragsuite[fast]'`` (numba) selects it; ``RAGSUITE_BM25_KERNEL=numpy``
@@ -181,14 +181,6 @@ def _compile() -> Any:
     block_bits = BLOCK_BITS
 
     @njit
-    def reaching(scores, lo, hi, collect):  # type: ignore[no-untyped-def]
-        # How many of scores[lo:hi] reach ``collect``: a branchless count, which LLVM vectorizes.
-        count = 0
-        for d in range(lo, hi):
-            count += np.int32(scores[d] >= collect)
-        return count
-
-    @njit
     def worse(score_a: float, doc_a: int, score_b: float, doc_b: int) -> bool:
         return score_a < score_b or (score_a == score_b and doc_a > doc_b)
 
@@ -343,18 +335,25 @@ def _compile() -> Any:
         cand_docs = np.empty(capacity, dtype=np.int64)
         cand_sums = np.empty(capacity, dtype=np.float32)
         count = 0
+        block = np.empty(1 << block_bits, dtype=np.float32)
         for b in range(n_blocks):
             if not dirty[b]:
                 continue
             dirty[b] = 0
             lo, hi = b << block_bits, min(n, (b + 1) << block_bits)
-            if size32 == k and reaching(scores, lo, hi, collect) == 0:
-                # Nothing here can enter: clear the block in one vectorized sweep.
-                scores[lo:hi] = 0.0
+            # One branchless sweep (which LLVM vectorizes) moves the block out of the buffer, leaving it all
+            # zero, and counts the sums within reach; most blocks have none and are done.
+            reach = 0
+            for j in range(hi - lo):
+                s = scores[lo + j]
+                block[j] = s
+                scores[lo + j] = 0.0
+                reach += np.int32(s >= collect)
+            if reach == 0:
                 continue
-            for d in range(lo, hi):
-                s = scores[d]
-                scores[d] = 0.0  # leave the buffer all zero
+            for j in range(hi - lo):
+                d = lo + j
+                s = block[j]
                 if s >= collect:
                     if s > floor:
                         if size32 < k:  # sift up
