@@ -14,7 +14,8 @@ earlier step:
 * **open**: wall time and RSS of a fresh process opening the built index (bm25s: ``BM25.load(mmap=True)``);
 * **query**: latency p50/p99 of one-by-one queries (real HotpotQA dev questions; the first query, which
   compiles the kernel or warms the maps, is reported apart), and batched throughput (one call for all queries,
-  tokenizing included, with as many threads for every engine: one per CPU); ragsuite with its compiled kernel
+  tokenizing included, with as many threads for every engine: one per CPU; the median of ``--batch-repeats``
+  calls after a warm-up call); ragsuite with its compiled kernel
   (numba) and its NumPy fallback, bm25s with its numpy backend one by one and its numba backend batched.
   RSS after querying is reported with its anonymous part: the rest is file pages of the memory-mapped index,
   which the OS can drop.
@@ -124,7 +125,20 @@ def _latencies(search, queries: list[str]) -> dict:
     }
 
 
-def child_query_ragsuite(corpus: str, cache: str, n_queries: str, kernel: str) -> dict:
+def _batch_qps(run, n_queries: int, repeats: int) -> float:
+    """Queries per second of ``run()`` (one batch of ``n_queries``), the median over ``repeats`` calls made
+    after one warm-up call: a batch of a few hundred small queries takes tens of milliseconds, where one
+    call's timing is mostly scheduling noise."""
+    run()
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - started)
+    return n_queries / statistics.median(seconds)
+
+
+def child_query_ragsuite(corpus: str, cache: str, n_queries: str, kernel: str, repeats: str) -> dict:
     os.environ["RAGSUITE_BM25_KERNEL"] = kernel
     started = time.perf_counter()
     from ragsuite.retrieval.bm25 import BM25Retriever
@@ -135,19 +149,17 @@ def child_query_ragsuite(corpus: str, cache: str, n_queries: str, kernel: str) -
     after_open = memory_now()
     queries = questions(int(n_queries))
     single = _latencies(lambda q: retriever(q, K), queries)
-    started = time.perf_counter()
-    retriever.batch(queries, K)
-    batch_seconds = time.perf_counter() - started
+    batch_qps = _batch_qps(lambda: retriever.batch(queries, K), len(queries), int(repeats))
     return {
         "open_seconds": open_seconds,
         "open": after_open,
         "single": single,
-        "batch_qps": len(queries) / batch_seconds,
+        "batch_qps": batch_qps,
         "after": memory_now(),
     }
 
 
-def child_query_bm25s(index: str, n_queries: str) -> dict:
+def child_query_bm25s(index: str, n_queries: str, repeats: str) -> dict:
     started = time.perf_counter()
     import bm25s
     import Stemmer
@@ -164,14 +176,14 @@ def child_query_bm25s(index: str, n_queries: str) -> dict:
 
     single = _latencies(one, queries)
     result = {"open_seconds": open_seconds, "open": after_open, "single": single}
-    for backend in ("numpy", "numba"):
-        retriever.backend = backend
-        warm = bm25s.tokenize(queries[:10], stopwords="en", stemmer=stemmer, show_progress=False)
-        retriever.retrieve(warm, k=K, show_progress=False, n_threads=os.cpu_count() or 1)  # compile, warm
-        started = time.perf_counter()
+
+    def batch() -> None:
         tokens = bm25s.tokenize(queries, stopwords="en", stemmer=stemmer, show_progress=False)
         retriever.retrieve(tokens, k=K, show_progress=False, n_threads=os.cpu_count() or 1)
-        result[f"batch_qps_{backend}"] = len(queries) / (time.perf_counter() - started)
+
+    for backend in ("numpy", "numba"):
+        retriever.backend = backend  # the warm-up call compiles the numba backend
+        result[f"batch_qps_{backend}"] = _batch_qps(batch, len(queries), int(repeats))
     result["after"] = memory_now()
     return result
 
@@ -205,7 +217,7 @@ def child_build_tantivy(corpus: str, out: str) -> dict:
     return {"seconds": time.perf_counter() - started, "index_bytes": dir_size(Path(out))}
 
 
-def child_query_tantivy(index_dir: str, corpus: str, cache: str, n_queries: str) -> dict:
+def child_query_tantivy(index_dir: str, corpus: str, cache: str, n_queries: str, repeats: str) -> dict:
     """tantivy's BM25 (k1 = 1.2, b = 0.75, fixed) one by one and on a thread per core; overlap@10 with
     ragsuite's top 10 measures how close its ranking is."""
     from concurrent.futures import ThreadPoolExecutor
@@ -230,10 +242,13 @@ def child_query_tantivy(index_dir: str, corpus: str, cache: str, n_queries: str)
         return [searcher.doc(address)["n"][0] for _, address in searcher.search(query, K).hits]
 
     single = _latencies(one, queries)
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        ranked = list(pool.map(one, queries))
-    batch_qps = len(queries) / (time.perf_counter() - started)
+    ranked: list[list[int]] = []
+
+    def batch() -> None:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            ranked[:] = pool.map(one, queries)
+
+    batch_qps = _batch_qps(batch, len(queries), int(repeats))
     overlap = []
     for q, theirs in zip(queries, ranked, strict=True):
         mine = {int(p.id[1:]) for p in ours(q, K)}  # synthetic ids are "s<passage number>"
@@ -397,6 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3, help="alternating query runs per engine (median)")
+    parser.add_argument(
+        "--batch-repeats",
+        type=int,
+        default=5,
+        help="timed batch calls per query run (their median, after a warm-up call)",
+    )
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache/ragsuite/bench-scale")
     parser.add_argument("--out", type=Path, help="also write the raw results as JSON")
     parser.add_argument(
@@ -414,13 +435,14 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(directory, ignore_errors=True)
         print(f"[{human(n)}] builds ...", file=sys.stderr, flush=True)
         row: dict = {"n": n, "build": run_child("build-ragsuite", str(corpus), str(cache))}
+        repeats = str(args.batch_repeats)
         queries: dict[str, list[str]] = {
-            "numba": ["query-ragsuite", str(corpus), str(cache), str(args.queries), "numba"],
-            "numpy": ["query-ragsuite", str(corpus), str(cache), str(args.queries), "numpy"],
+            kernel: ["query-ragsuite", str(corpus), str(cache), str(args.queries), kernel, repeats]
+            for kernel in ("numba", "numpy")
         }
         if n <= args.bm25s_up_to:
             row["bm25s_build"] = run_child("build-bm25s", str(corpus), str(bm25s_dir))
-            queries["bm25s"] = ["query-bm25s", str(bm25s_dir), str(args.queries)]
+            queries["bm25s"] = ["query-bm25s", str(bm25s_dir), str(args.queries), repeats]
         if n <= args.tantivy_up_to:
             row["tantivy_build"] = run_child("build-tantivy", str(corpus), str(tantivy_dir))
             queries["tantivy"] = [
@@ -429,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(corpus),
                 str(cache),
                 str(args.queries),
+                repeats,
             ]
         # Query runs alternate between the engines, round after round, and each figure is the median over
         # rounds: load from other processes then falls on every engine alike.
