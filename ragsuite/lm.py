@@ -474,8 +474,10 @@ def describe_lm_failure(exc: BaseException, *, lm: Any = None) -> str | None:
     attempts = "every attempt"
     if isinstance(retries, int):
         attempts = f"{retries + 1} attempt(s), retried with backoff"
-    # A read timeout reaches us as a transport error whose advice names the client library's own setting.
+    # A read timeout reaches us as a transport error whose advice names the client library's own setting;
+    # self-rag's completions raise the openai client's errors (APITimeoutError, status 429) instead.
     timed_out = isinstance(exc, LMTransportError) and "timed out" in str(exc)
+    timed_out = timed_out or type(exc).__name__ == "APITimeoutError"
     if isinstance(exc, LMTimeoutError) or timed_out:
         timeout = (getattr(lm, "kwargs", None) or {}).get("timeout", getattr(lm, "timeout", None))
         limit = f" {timeout:g} s" if isinstance(timeout, (int, float)) else ""
@@ -483,7 +485,7 @@ def describe_lm_failure(exc: BaseException, *, lm: Any = None) -> str | None:
             f"the LM did not answer within --timeout{limit} on {attempts}; raise --timeout or "
             "--retries, or check the server's load"
         )
-    if isinstance(exc, LMRateLimitError):
+    if isinstance(exc, LMRateLimitError) or getattr(exc, "status_code", None) == 429:
         return (
             f"the LM answered 429 (rate limited) on {attempts}; lower --threads, or raise --retries "
             "or --max-retry-wait"
