@@ -11,7 +11,8 @@ call as free; :class:`EndpointLM` hands the cached response's usage to the activ
 
 DSPy retries 429/5xx/timeouts itself and honours a server's ``Retry-After``, however long: ``Retry-After:
 3600`` (or a date in 2099) would stall a run silently for an hour. :class:`EndpointLM` caps every wait at
-``max_retry_wait`` seconds and logs each one (what failed, how long, which attempt).
+``max_retry_wait`` seconds and logs each one (what failed, how long, which attempt); :func:`retry_wait` is
+that cap and log, for clients that retry on their own (Self-RAG's ``/v1/completions`` calls).
 
 The hooks are small patches of dspy 3.4's internals (``Cache.cache_key``, ``LM.update_history`` and the
 retry delay of ``dspy.clients.execution``); the tests fail if a DSPy release changes them.
@@ -21,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
+import email.utils
 import hashlib
 import logging
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -62,6 +66,66 @@ _MAX_WAIT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 
 
+def retry_after_seconds(value: Any) -> float | None:
+    """The seconds a ``Retry-After`` value asks for (a number of seconds or an HTTP date), or None when it is
+    neither (absent, negative, unparsable)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError, OverflowError):
+        seconds = None
+    if seconds is not None:
+        return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    if not isinstance(value, str):
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds())
+
+
+def retry_wait(
+    exc: BaseException,
+    attempt: int,
+    *,
+    cap: float,
+    retry_after: Any = None,
+    wanted: float | None = None,
+) -> float:
+    """The wait before retrying an LM call that failed with ``exc``, capped at ``cap`` seconds and logged
+    (logger ``ragsuite.lm``): every capped retry of ragsuite's LM calls goes through here.
+
+    Args:
+        exc: The error of the failed attempt.
+        attempt: The failed attempt, from 0.
+        cap: The longest wait (``--max-retry-wait``).
+        retry_after: The server's ``Retry-After`` (seconds or an HTTP date), if it sent one.
+        wanted: The wait the client would take; default: ``retry_after`` when given, else exponential
+            backoff ``min(2 ** attempt, 60)`` seconds, as DSPy's own retries.
+
+    Example:
+        >>> retry_wait(TimeoutError(), 0, cap=60.0)  # logs "LM call failed (TimeoutError); retry 1 in 1.0 s"
+        1.0
+    """
+    if wanted is None:
+        asked = retry_after_seconds(retry_after)
+        wanted = asked if asked is not None else float(min(2 ** min(attempt, 6), 60))
+    wait = min(float(wanted), cap)
+    capped = ""
+    if wait < wanted:
+        capped = (
+            " (capped by --max-retry-wait)"
+            if retry_after is None
+            else f" (the server asked for {retry_after}; capped by --max-retry-wait)"
+        )
+    log.warning("LM call failed (%s); retry %d in %.1f s%s", type(exc).__name__, attempt + 1, wait, capped)
+    return wait
+
+
 def _install_capped_retry_waits() -> None:
     """Cap and log DSPy's wait before each retry (idempotent)."""
     original = execution._delay
@@ -73,16 +137,7 @@ def _install_capped_retry_waits() -> None:
         cap = _MAX_WAIT.get()
         if cap is None:
             return wanted
-        wait = min(float(wanted), cap)
-        asked = getattr(exc, "retry_after", None)
-        log.warning(
-            "LM call failed (%s); retry %d in %.1f s%s",
-            type(exc).__name__,
-            attempt + 1,
-            wait,
-            f" (the server asked for {asked}; capped by --max-retry-wait)" if wait < wanted else "",
-        )
-        return wait
+        return retry_wait(exc, attempt, cap=cap, retry_after=getattr(exc, "retry_after", None), wanted=wanted)
 
     delay._ragsuite_capped = True  # type: ignore[attr-defined]
     execution._delay = delay
@@ -177,4 +232,4 @@ class EndpointLM(dspy.LM):
             tracker.add_cached_usage(self.model, usage)
 
 
-__all__ = ["DEFAULT_MAX_RETRY_WAIT", "EndpointLM", "response_usage"]
+__all__ = ["DEFAULT_MAX_RETRY_WAIT", "EndpointLM", "response_usage", "retry_after_seconds", "retry_wait"]

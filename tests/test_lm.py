@@ -280,3 +280,13 @@ def test_each_program_gets_its_papers_generation_settings_unless_flags_say_other
     }
     lm = build_lm("openai/x", api_base="http://127.0.0.1:9/v1", top_p=0.9, max_tokens=1280)
     assert lm.kwargs["top_p"] == 0.9 and lm.kwargs["max_tokens"] == 1280
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date():
+    from ragsuite.lm_client import retry_after_seconds
+
+    assert retry_after_seconds("3600") == 3600.0 and retry_after_seconds(1.5) == 1.5
+    assert retry_after_seconds("Thu, 01 Jan 1998 00:00:00 GMT") == 0.0  # a date past: retry now
+    assert retry_after_seconds("Fri, 31 Dec 2099 23:59:59 GMT") > 365 * 24 * 3600
+    for unusable in (None, "", "soon", "-5", "nan", True):
+        assert retry_after_seconds(unusable) is None, unusable

@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 
 import dspy
+import openai
 import pytest
 
 from ragsuite import programs
 from ragsuite.errors import ConfigError
-from ragsuite.lm import build_lm
+from ragsuite.lm import build_lm, describe_lm_failure
 from ragsuite.programs.self_rag import SelfRAG, clean_generation
 from ragsuite.retrieval.base import Passage
 from ragsuite.testing import ScriptedLM
-from ragsuite.testing.openai_server import LocalOpenAIServer
+from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 from ragsuite.testing.responders import self_rag_reply
 from ragsuite.testing.retrievers import ListRetriever
 
@@ -168,3 +171,93 @@ def test_an_eval_record_counts_every_checkpoint_completion_as_an_lm_invocation()
     tokens = result.records[0]["tokens"]
     assert sent == 4
     assert tokens["lm_invocations"] == tokens["requests"] == sent and tokens["cache_hits"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ retries
+def run_with_faults(*faults: Fault, retries: int, max_retry_wait: float = 0.05):
+    """self-rag below its retrieval threshold (two completions, one after the other), the first one or more
+    requests failing with ``faults``. Returns the answer or the error, the seconds taken and the server."""
+    with LocalOpenAIServer(checkpoint(0.15), model="selfrag_llama2_7b") as server:
+        server.inject(*faults)
+        lm = build_lm(
+            "openai/selfrag_llama2_7b",
+            api_base=server.api_base,
+            cache=False,
+            retries=retries,
+            max_retry_wait=max_retry_wait,
+        )
+        started = time.monotonic()
+        try:
+            with dspy.context(lm=lm):
+                outcome = SelfRAG(retriever=ListRetriever(CORPUS, lambda q, k: ["p0"]))(question=QUESTION)
+        except Exception as exc:  # the caller checks which error
+            outcome = exc
+        return outcome, time.monotonic() - started, server, lm
+
+
+def retry_logs(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "ragsuite.lm" and "retry" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [Fault("rate_limit", seconds=3600), Fault("rate_limit", retry_after="Fri, 31 Dec 2099 23:59:59 GMT")],
+    ids=["an-hour", "an-http-date-in-2099"],
+)
+def test_a_retry_after_of_an_hour_is_capped_by_max_retry_wait_and_logged(fault, caplog):
+    """The openai client used to retry on its own, uncapped and silently."""
+    with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+        outcome, elapsed, server, _ = run_with_faults(fault, retries=2)
+    assert not isinstance(outcome, Exception), outcome
+    assert outcome.answer == "Steven Spielberg directed it."
+    # The rate-limited request, its retry, then the generation.
+    assert server.chat_requests == 3 and len(server.requests) == 2 and server.faults_served == [fault]
+    assert elapsed < 5
+    [message] = retry_logs(caplog)
+    assert message.startswith("LM call failed (RateLimitError); retry 1 in 0.1 s"), message
+    assert f"the server asked for {fault.retry_after or '3600'}; capped by --max-retry-wait" in message
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [(Fault("server_error"), "InternalServerError"), (Fault("disconnect"), "APIConnectionError")],
+    ids=["500", "dropped-connection"],
+)
+def test_a_server_error_or_dropped_connection_is_retried_once_with_capped_backoff(fault, error, caplog):
+    with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+        outcome, _, server, _ = run_with_faults(fault, retries=2)
+    assert not isinstance(outcome, Exception), outcome
+    assert outcome.answer == "Steven Spielberg directed it."
+    assert server.chat_requests == 3 and len(server.requests) == 2
+    # Backoff would wait 1 s before the first retry; the cap (0.05 s) is shorter.
+    assert retry_logs(caplog) == [f"LM call failed ({error}); retry 1 in 0.1 s (capped by --max-retry-wait)"]
+
+
+def test_a_client_error_is_not_retried(caplog):
+    with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+        outcome, _, server, _ = run_with_faults(Fault("not_found"), retries=2)
+    assert isinstance(outcome, openai.NotFoundError) and outcome.status_code == 404
+    assert server.chat_requests == 1 and server.requests == []
+    assert retry_logs(caplog) == []
+
+
+def test_without_retries_a_rate_limit_fails_at_once_naming_the_flags(caplog):
+    with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+        outcome, elapsed, server, lm = run_with_faults(Fault("rate_limit", seconds=3600), retries=0)
+    assert isinstance(outcome, openai.RateLimitError), outcome
+    assert server.chat_requests == 1 and retry_logs(caplog) == [] and elapsed < 5
+    message = describe_lm_failure(outcome, lm=lm)
+    assert message is not None and "429 (rate limited) on 1 attempt(s)" in message
+    assert "--retries" in message and "--max-retry-wait" in message
+
+
+def test_the_last_attempts_error_is_raised_after_every_retry(caplog):
+    faults = [Fault("server_error")] * 3
+    with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+        outcome, _, server, _ = run_with_faults(*faults, retries=2)
+    assert isinstance(outcome, openai.InternalServerError), outcome
+    assert server.chat_requests == 3 and server.requests == []
+    assert [m.split(" in ")[0] for m in retry_logs(caplog)] == [
+        "LM call failed (InternalServerError); retry 1",
+        "LM call failed (InternalServerError); retry 2",
+    ]

@@ -22,6 +22,7 @@ checkpoint served by vLLM, scoring as the authors' short-form inference does (se
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,6 +32,7 @@ from dspy.utils.callback import with_callbacks
 from ragsuite.aio import concurrently
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
+from ragsuite.lm_client import DEFAULT_MAX_RETRY_WAIT, retry_wait
 from ragsuite.programs.base import RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_bool, check_int, check_threshold
 from ragsuite.retrieval.base import Retriever
@@ -268,6 +270,11 @@ class CheckpointClient:
 
     Self-RAG needs the raw prompt (``dspy.LM``'s text mode rewrites it) and its reflection tokens left in the
     text (``skip_special_tokens: false``, a vLLM option). Usage goes to DSPy's usage tracker when one is on.
+
+    Failed requests are retried like every other LM call: connection errors, timeouts, 429 and 5xx, up to the
+    LM's ``num_retries`` times, each wait the server's ``Retry-After`` or exponential backoff, capped at the
+    LM's ``max_retry_wait`` and logged (:func:`ragsuite.lm_client.retry_wait`); other errors (400, 401, 404)
+    are raised at once, and so is the last attempt's error.
     """
 
     def __init__(self, lm: Any) -> None:
@@ -285,11 +292,15 @@ class CheckpointClient:
         self.lm = lm
         self.lm_name = model
         self.model = name
+        self.retries = max(int(getattr(lm, "num_retries", 2) or 0), 0)
+        cap = getattr(lm, "max_retry_wait", None)
+        self.max_retry_wait = DEFAULT_MAX_RETRY_WAIT if cap is None else float(cap)
+        # The openai client's own retries would wait as long as Retry-After says, silently: ours are capped.
         self._client = openai.OpenAI(
             base_url=kwargs["api_base"],
             api_key=kwargs.get("api_key") or "EMPTY",
             timeout=float(kwargs.get("timeout") or 120.0),
-            max_retries=int(getattr(lm, "num_retries", 2) or 0),
+            max_retries=0,
             default_headers=kwargs.get("extra_headers"),
         )
 
@@ -301,8 +312,21 @@ class CheckpointClient:
         # invocation and MLflow traces it like every other LM call.
         return _as_lm_call(self.lm, self, prompt=prompt, max_tokens=max_tokens)
 
+    def _create(self, **request: Any) -> Any:
+        """``completions.create(**request)``, retried as described in the class docstring."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self._client.completions.create(**request)
+            except Exception as exc:
+                if attempt >= self.retries or not _retryable(exc):
+                    raise
+                response = getattr(exc, "response", None)
+                asked = response.headers.get("retry-after") if response is not None else None
+                time.sleep(retry_wait(exc, attempt, cap=self.max_retry_wait, retry_after=asked))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     def _complete(self, *, prompt: str, max_tokens: int) -> Generation:
-        reply = self._client.completions.create(
+        reply = self._create(
             model=self.model,
             prompt=prompt,
             max_tokens=max_tokens,
@@ -335,6 +359,15 @@ class CheckpointClient:
             ),
             top=tuple(dict(top or {}) for top in (logprobs.top_logprobs or [{}] * len(logprobs.tokens))),
         )
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether a failed completion is worth retrying: connection errors and timeouts, 429 and 5xx."""
+    import openai
+
+    if isinstance(exc, openai.APIConnectionError):  # APITimeoutError included
+        return True
+    return isinstance(exc, openai.APIStatusError) and (exc.status_code == 429 or exc.status_code >= 500)
 
 
 @with_callbacks
