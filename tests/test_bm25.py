@@ -109,7 +109,8 @@ def test_results_are_corpus_passages_with_scores(tmp_path: Path) -> None:
 
 def test_batch_equals_single_queries(tmp_path: Path) -> None:
     retriever = BM25Retriever(CORPUS, cache_dir=tmp_path)
-    queries = [*QUERIES, "", "the of and"]
+    # Queries matching nothing sit between others: each result must stay with its own query.
+    queries = ["", *QUERIES[:2], "the of and", *QUERIES[2:], ""]
     assert retriever.batch(queries, 4) == [retriever(q, 4) for q in queries]
     assert retriever.batch([], 4) == []
 

@@ -503,9 +503,9 @@ class BM25Retriever:
             for tokens in self._tokenize.many(list(queries))
         ]
 
-    def _search_many(self, term_lists: list[list[int]], k: int) -> list[list[Passage]]:
-        """The top ``k`` passages of each query, ranked exactly as sorting every passage by (score
-        descending, corpus order) would rank them."""
+    def _rank_many(self, term_lists: list[list[int]], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The passage numbers and scores of each query's top ``k``, ranked exactly as sorting every passage
+        by (score descending, corpus order) would rank them."""
         index = self._index
         terms = [np.asarray(ids, dtype=np.int64) for ids in term_lists]
         # BM25L / BM25+: every passage also gets each term's non-occurrence score (a float32 sum, as bm25s).
@@ -520,7 +520,13 @@ class BM25Retriever:
         for q, (docs, scores) in enumerate(ranked):
             if len(docs) < k:  # every other passage scores the base: they follow in corpus order
                 ranked[q] = self._padded(docs, scores, float(bases[q]), k)
-        # One gather over the whole chunk's passages, then split per query.
+        return ranked
+
+    def _passages_of(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[Passage]]:
+        """The passages of rankings from :meth:`_rank_many`, with their scores."""
+        if not ranked:
+            return []
+        # One gather over all the rankings' passages, then split per query.
         everything = self._index.passages.get_many(
             np.concatenate([docs for docs, _ in ranked]), np.concatenate([s for _, s in ranked]).tolist()
         )
@@ -559,7 +565,7 @@ class BM25Retriever:
         if not term_ids:
             return []
         try:
-            return self._search_many([term_ids], int(k))[0]
+            return self._passages_of(self._rank_many([term_ids], int(k)))[0]
         except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 search failed for query {query[:200]!r}: {exc}") from exc
 
@@ -571,20 +577,20 @@ class BM25Retriever:
         scored = [i for i, ids in enumerate(all_ids) if ids]  # no indexed term: matches nothing
         workers = (os.cpu_count() or 1) if bm25_kernel.kernel_name() == "numba" else 1
         # The compiled kernel releases the GIL: a thread per CPU takes chunks of queries as it frees up (small
-        # chunks, so a thread slowed by other processes does not hold the batch back).
+        # chunks, so a thread slowed by other processes does not hold the batch back). The passages are read
+        # afterwards, in this thread: Python work interleaved with the kernels would make each thread wait
+        # for the GIL on its way in and out of the kernel.
         size = max(1, min(32, -(-len(scored) // (4 * workers))))
-        shares = [scored[i : i + size] for i in range(0, len(scored), size)]
+        shares = [[all_ids[i] for i in scored[lo : lo + size]] for lo in range(0, len(scored), size)]
         try:
             if workers > 1 and len(shares) > 1:
                 with ThreadPoolExecutor(max_workers=workers) as pool:
-                    done = list(
-                        pool.map(lambda s: self._search_many([all_ids[i] for i in s], int(k)), shares)
-                    )
+                    done = list(pool.map(lambda share: self._rank_many(share, int(k)), shares))
             else:
-                done = [self._search_many([all_ids[i] for i in share], int(k)) for share in shares]
-            for share, ranked in zip(shares, done, strict=True):
-                for i, passages in zip(share, ranked, strict=True):
-                    results[i] = passages
+                done = [self._rank_many(share, int(k)) for share in shares]
+            passages = self._passages_of([ranking for share in done for ranking in share])
+            for i, found in zip(scored, passages, strict=True):
+                results[i] = found
             return results
         except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 batch search failed: {exc}") from exc
