@@ -577,20 +577,25 @@ class BM25Retriever:
         scored = [i for i, ids in enumerate(all_ids) if ids]  # no indexed term: matches nothing
         workers = (os.cpu_count() or 1) if bm25_kernel.kernel_name() == "numba" else 1
         # The compiled kernel releases the GIL: a thread per CPU takes chunks of queries as it frees up (small
-        # chunks, so a thread slowed by other processes does not hold the batch back). The passages are read
-        # afterwards, in this thread: Python work interleaved with the kernels would make each thread wait
-        # for the GIL on its way in and out of the kernel.
+        # chunks, so a thread slowed by other processes does not hold the batch back), while this thread reads
+        # the passages of each chunk as it completes, in order. Only this thread runs Python meanwhile, so a
+        # kernel thread waits for the GIL at most one chunk's reading on its way out.
         size = max(1, min(32, -(-len(scored) // (4 * workers))))
-        shares = [[all_ids[i] for i in scored[lo : lo + size]] for lo in range(0, len(scored), size)]
+        chunks = [scored[lo : lo + size] for lo in range(0, len(scored), size)]
         try:
-            if workers > 1 and len(shares) > 1:
+            if workers > 1 and len(chunks) > 1:
                 with ThreadPoolExecutor(max_workers=workers) as pool:
-                    done = list(pool.map(lambda share: self._rank_many(share, int(k)), shares))
+                    futures = [
+                        pool.submit(self._rank_many, [all_ids[i] for i in chunk], int(k)) for chunk in chunks
+                    ]
+                    for chunk, future in zip(chunks, futures, strict=True):
+                        for i, found in zip(chunk, self._passages_of(future.result()), strict=True):
+                            results[i] = found
             else:
-                done = [self._rank_many(share, int(k)) for share in shares]
-            passages = self._passages_of([ranking for share in done for ranking in share])
-            for i, found in zip(scored, passages, strict=True):
-                results[i] = found
+                for chunk in chunks:
+                    ranked = self._rank_many([all_ids[i] for i in chunk], int(k))
+                    for i, found in zip(chunk, self._passages_of(ranked), strict=True):
+                        results[i] = found
             return results
         except (ValueError, IndexError, OSError) as exc:
             raise RetrievalError(f"BM25 batch search failed: {exc}") from exc
