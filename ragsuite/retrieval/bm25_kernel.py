@@ -33,7 +33,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
-from typing import Any
 
 import numpy as np
 
@@ -174,17 +173,6 @@ def top_k_numpy(
     return candidates[order].astype(np.int64), scores[order]
 
 
-def _compile() -> Any:
-    # Imported on first use: numba takes ~0.4 s to import; the kernel itself comes from numba's disk cache.
-    from ragsuite.retrieval import bm25_numba
-
-    return bm25_numba.many
-
-
-_compiled: Any = None
-_compile_lock = threading.Lock()
-
-
 def top_k_many_numba(
     indptr: np.ndarray,
     indices: np.ndarray,
@@ -196,11 +184,9 @@ def top_k_many_numba(
     max_weights: np.ndarray | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """:func:`top_k_numpy` for many queries in one compiled call (the GIL is released while it runs)."""
-    global _compiled
-    if _compiled is None:
-        with _compile_lock:
-            if _compiled is None:
-                _compiled = _compile()
+    # Imported on first use: numba takes ~0.4 s to import; the kernel itself comes from numba's disk cache.
+    from ragsuite.retrieval.bm25_numba import many
+
     n = len(term_lists)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum([len(t) for t in term_lists], out=offsets[1:])
@@ -210,7 +196,7 @@ def top_k_many_numba(
     out_counts = np.zeros(n, dtype=np.int64)
     if max_weights is None:
         max_weights = np.full(len(indptr) - 1, -1.0, dtype=np.float32)
-    _compiled(
+    many(
         indptr, indices, weights, max_weights, terms, offsets, np.asarray(bases, dtype=np.float64),
         workspace.scores32, workspace.dirty, k, DENSE_POSTINGS_SHARE["numba"],
         out_docs, out_scores, out_counts,
