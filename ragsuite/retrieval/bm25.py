@@ -32,6 +32,7 @@ touched, so its cost follows the postings it reads, not the corpus size
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -523,9 +524,7 @@ class BM25Retriever:
         return ranked
 
     def _passages_of(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[Passage]]:
-        """The passages of rankings from :meth:`_rank_many`, with their scores."""
-        if not ranked:
-            return []
+        """The passages of (one or more) rankings from :meth:`_rank_many`, with their scores."""
         # One gather over all the rankings' passages, then split per query.
         everything = self._index.passages.get_many(
             np.concatenate([docs for docs, _ in ranked]), np.concatenate([s for _, s in ranked]).tolist()
@@ -582,18 +581,19 @@ class BM25Retriever:
         # kernel thread waits for the GIL at most one chunk's reading on its way out.
         size = max(1, min(32, -(-len(scored) // (4 * workers))))
         chunks = [scored[lo : lo + size] for lo in range(0, len(scored), size)]
+
+        def rank(chunk: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+            return self._rank_many([all_ids[i] for i in chunk], int(k))
+
         try:
-            if workers > 1 and len(chunks) > 1:
-                with ThreadPoolExecutor(max_workers=workers) as pool:
-                    futures = [
-                        pool.submit(self._rank_many, [all_ids[i] for i in chunk], int(k)) for chunk in chunks
-                    ]
-                    for chunk, future in zip(chunks, futures, strict=True):
-                        for i, found in zip(chunk, self._passages_of(future.result()), strict=True):
-                            results[i] = found
-            else:
-                for chunk in chunks:
-                    ranked = self._rank_many([all_ids[i] for i in chunk], int(k))
+            with contextlib.ExitStack() as stack:
+                if workers > 1 and len(chunks) > 1:
+                    pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
+                    futures = [pool.submit(rank, chunk) for chunk in chunks]
+                    rankings: Iterator[list[tuple[np.ndarray, np.ndarray]]] = (f.result() for f in futures)
+                else:
+                    rankings = map(rank, chunks)
+                for chunk, ranked in zip(chunks, rankings, strict=True):
                     for i, found in zip(chunk, self._passages_of(ranked), strict=True):
                         results[i] = found
             return results
