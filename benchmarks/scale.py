@@ -139,7 +139,7 @@ def _batch_qps(run, n_queries: int, repeats: int, budget: float = 20.0) -> float
     return n_queries / statistics.median(seconds)
 
 
-def child_query_ragsuite(corpus: str, cache: str, n_queries: str, kernel: str, repeats: str = "1") -> dict:
+def child_query_ragsuite(corpus: str, cache: str, n_queries: str, kernel: str, repeats: str) -> dict:
     os.environ["RAGSUITE_BM25_KERNEL"] = kernel
     started = time.perf_counter()
     from ragsuite.retrieval.bm25 import BM25Retriever
@@ -160,7 +160,7 @@ def child_query_ragsuite(corpus: str, cache: str, n_queries: str, kernel: str, r
     }
 
 
-def child_query_bm25s(index: str, n_queries: str, repeats: str = "1") -> dict:
+def child_query_bm25s(index: str, n_queries: str, repeats: str) -> dict:
     started = time.perf_counter()
     import bm25s
     import Stemmer
@@ -218,7 +218,7 @@ def child_build_tantivy(corpus: str, out: str) -> dict:
     return {"seconds": time.perf_counter() - started, "index_bytes": dir_size(Path(out))}
 
 
-def child_query_tantivy(index_dir: str, corpus: str, cache: str, n_queries: str, repeats: str = "1") -> dict:
+def child_query_tantivy(index_dir: str, corpus: str, cache: str, n_queries: str, repeats: str) -> dict:
     """tantivy's BM25 (k1 = 1.2, b = 0.75, fixed) one by one and on a thread per core; overlap@10 with
     ragsuite's top 10 measures how close its ranking is."""
     from concurrent.futures import ThreadPoolExecutor
