@@ -131,6 +131,41 @@ def score_exactly(
 
 
 @njit
+def first_floor(indptr, indices, terms, scores, k):  # type: ignore[no-untyped-def]
+    """A lower bound on the k-th best float32 sum, before the scan: the k-th best sum among the passages of
+    the query term with the fewest postings (at least k, and few enough to read at once; 0 if none).
+
+    Any k distinct passages bound the k-th best from below, and a rare query term's passages are the likely
+    best, so the scan can start near its final threshold and skip most blocks outright.
+    """
+    best, fewest = -1, min(len(scores) // 8, 8192)
+    for t in terms:
+        postings = indptr[t + 1] - indptr[t]
+        if k <= postings <= fewest:
+            best, fewest = t, postings
+    if best < 0:
+        return np.float32(0.0)
+    heap = np.zeros(k, dtype=np.float32)  # a min-heap of the k best sums (0 until filled)
+    for p in range(indptr[best], indptr[best + 1]):
+        s = scores[indices[p]]
+        if s > heap[0]:
+            heap[0] = s
+            j = 0
+            while True:
+                child = 2 * j + 1
+                if child >= k:
+                    break
+                if child + 1 < k and heap[child + 1] < heap[child]:
+                    child += 1
+                if heap[child] < heap[j]:
+                    heap[child], heap[j] = heap[j], heap[child]
+                    j = child
+                else:
+                    break
+    return heap[0]
+
+
+@njit
 def one_query(
     indptr, indices, weights, max_weights, terms, scores, dirty, k, base, dense, out_docs, out_scores
 ):  # type: ignore[no-untyped-def]
@@ -168,7 +203,9 @@ def one_query(
     size32 = 0
     smallest = np.float32(1e-45)  # the least positive float32: `s >= collect` implies s > 0
     floor = np.float32(0.0)
-    collect = smallest
+    # Only sums within reach of the k-th best can be in the top k: start from a first bound on it.
+    bound = np.float64(first_floor(indptr, indices, terms, scores, k))
+    collect = np.float32(max(bound - 2.0 * slack, np.float64(smallest)))
     heap_scores = np.empty(k, dtype=np.float64)
     heap_docs = np.empty(k, dtype=np.int64)
     size = 0
@@ -220,7 +257,7 @@ def one_query(
                                 break
                     if size32 == k:
                         floor = heap[0]
-                        collect = np.float32(max(np.float64(floor) - 2.0 * slack, np.float64(smallest)))
+                        collect = max(collect, np.float32(np.float64(floor) - 2.0 * slack))
                 cand_docs[count], cand_sums[count] = d, s
                 count += 1
                 if count == capacity:  # keep those still near the risen k-th best; score them if many
