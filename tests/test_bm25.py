@@ -16,8 +16,9 @@ import Stemmer
 
 from ragsuite.data.datasets import load_corpus, load_dataset
 from ragsuite.data.metrics import retrieval_recall
-from ragsuite.errors import ConfigError
-from ragsuite.retrieval.base import Passage
+from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.retrieval import bm25, bm25_kernel
+from ragsuite.retrieval.base import Passage, ranked_ids
 from ragsuite.retrieval.bm25 import BM25Retriever
 from ragsuite.retrieval.spec import build_retriever
 
@@ -112,7 +113,53 @@ def test_batch_equals_single_queries(tmp_path: Path) -> None:
     # Queries matching nothing sit between others: each result must stay with its own query.
     queries = ["", *QUERIES[:2], "the of and", *QUERIES[2:], ""]
     assert retriever.batch(queries, 4) == [retriever(q, 4) for q in queries]
-    assert retriever.batch([], 4) == []
+    assert retriever.batch_ids(queries, 4) == [[p.id for p in retriever(q, 4)] for q in queries]
+    assert retriever.batch([], 4) == [] and retriever.batch_ids([], 4) == []
+
+
+def test_query_term_ids_come_from_the_tokenizer_memoized_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = [
+        "Dvořák's symphonies", "", "running runners ran", "the of", "Stettin STETTIN stettin's",
+        "zzzunknown Oder", "Who directed the film Pulp Fiction?", "Oder Oder",
+    ]  # fmt: skip
+    retriever = BM25Retriever(CORPUS, persist=False)
+    vocabulary = retriever._index.vocabulary
+    expected = [[i for t in retriever._tokenize(x) if (i := vocabulary.get(t)) is not None] for x in texts]
+    assert expected[-1] and expected[-1][0] == expected[-1][1] and not expected[3]
+    assert retriever._term_ids_many(texts) == expected  # every word new
+    assert retriever._term_ids_many(texts) == expected  # every word memoized
+    assert [retriever._term_ids(x) for x in texts] == expected
+    assert retriever._word_terms["the"] == -1 and retriever._word_terms["zzzunknown"] == -1
+    monkeypatch.setattr(bm25, "_WORD_MEMO_LIMIT", 0)  # a full memo: new words are looked up beside it
+    full = BM25Retriever(CORPUS, persist=False)
+    assert full._term_ids_many(texts) == expected and full._word_terms == {}
+
+
+def test_a_failed_chunk_fails_the_batch_and_the_retriever_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    retriever = BM25Retriever(CORPUS, persist=False)
+    retriever.threaded_postings, retriever.chunk_postings = 0, 1  # threads when numba is installed
+    expected = retriever.batch(QUERIES, 3)
+    real, calls = bm25_kernel.top_k_many, []
+
+    def failing_second(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:  # a later chunk when the batch runs on threads, else the next call
+            raise ValueError("injected")
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(bm25_kernel, "top_k_many", failing_second)
+    with pytest.raises(RetrievalError, match="BM25 batch search failed: injected"):
+        retriever.batch(QUERIES, 3)
+        retriever.batch(QUERIES, 3)
+    calls.clear()
+    with pytest.raises(RetrievalError, match="BM25 search failed for query 'Oder': injected"):
+        retriever("Oder", 3)
+        retriever("Oder", 3)
+    assert retriever.batch(QUERIES, 3) == expected
 
 
 def test_batch_tokenizing_and_passage_reads_match_one_at_a_time(tmp_path: Path) -> None:
@@ -351,3 +398,15 @@ def test_opening_a_built_index_never_reads_the_corpus_file(tmp_path: Path, monke
         handle.write(json.dumps({"id": "p10", "title": "Oder", "text": "The Oder again."}) + "\n")
     changed = BM25Retriever.from_file(corpus, cache_dir=tmp_path)
     assert changed.index_built and changed.index_key != built.index_key and len(changed) == len(CORPUS) + 1
+
+
+def test_ranked_ids_reads_ids_alone_when_the_retriever_can(tmp_path: Path) -> None:
+    retriever = BM25Retriever(CORPUS, persist=False)
+    expected = [[p.id for p in passages] for passages in retriever.batch(QUERIES, 3)]
+    assert ranked_ids(retriever, QUERIES, 3) == expected
+
+    class PassagesOnly:  # a retriever without batch_ids: the ids come from its passages
+        def batch(self, queries: list[str], k: int) -> list[list[Passage]]:
+            return retriever.batch(queries, k)
+
+    assert ranked_ids(PassagesOnly(), QUERIES, 3) == expected  # type: ignore[arg-type]

@@ -109,6 +109,11 @@ def test_rankings_equal_scoring_every_passage(
         expected = _dense_reference(retriever, questions, k)
         got = retriever.batch(questions, k)
         assert [[(ids[p.id], p.score) for p in row] for row in got] == expected
+        if kernel == "numba":  # the same when spread over threads, one query a chunk
+            retriever.threaded_postings, retriever.chunk_postings = 0, 1
+            assert retriever.batch(questions, k) == got
+            assert retriever.batch_ids(questions, k) == [[p.id for p in row] for row in got]
+            del retriever.threaded_postings, retriever.chunk_postings
 
 
 def test_any_shard_and_block_split_builds_the_same_index(tmp_path: Path, data_dir: Path) -> None:
@@ -317,20 +322,22 @@ def test_the_float32_kernel_ranks_near_ties_by_their_exact_float64_sums(
         np.array(q, dtype=np.int64) for q in ([0, 1], [1, 0], [0, 1, 3], [0, 2, 1, 3], [1, 1, 0], [3, 1])
     ]
     bases = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.25])
+    terms, offsets = bm25_kernel.flatten(queries)
     for k in (1, 10, 600):
+        expected = bm25_kernel.Rankings.empty(len(queries), k)
+        got = bm25_kernel.Rankings.empty(len(queries), k)
         monkeypatch.setenv("RAGSUITE_BM25_KERNEL", "numpy")
-        expected = bm25_kernel.top_k_many(
-            indptr, indices, weights, queries, bases, bm25_kernel.Workspace(n), k
+        bm25_kernel.top_k_many(
+            indptr, indices, weights, terms, offsets, bases, bm25_kernel.Workspace(n), expected
         )
         monkeypatch.setenv("RAGSUITE_BM25_KERNEL", "numba")
-        got = bm25_kernel.top_k_many(indptr, indices, weights, queries, bases, bm25_kernel.Workspace(n), k)
-        for (want_docs, want_scores), (docs, scores), terms, base in zip(
-            expected, got, queries, bases, strict=True
-        ):
+        bm25_kernel.top_k_many(indptr, indices, weights, terms, offsets, bases, bm25_kernel.Workspace(n), got)
+        for q, (query, base) in enumerate(zip(queries, bases, strict=True)):
+            (want_docs, want_scores), (docs, scores) = expected.row(q), got.row(q)
             assert docs.tolist() == want_docs.tolist() and scores.tolist() == want_scores.tolist()
             # and both are the float64 ranking of every passage, sums in query-term order
             dense = np.zeros(n)
-            for t in terms:
+            for t in query:
                 span = slice(indptr[t], indptr[t + 1])
                 dense[indices[span]] += weights[span].astype(np.float64)
             order = np.lexsort((np.arange(n), -dense))[:k]
@@ -338,4 +345,5 @@ def test_the_float32_kernel_ranks_near_ties_by_their_exact_float64_sums(
             assert docs.tolist() == order.tolist()
             assert scores.tolist() == (dense[order] + base).tolist()
         if k == 600:  # the float32 sums alone would not have separated these passages
-            assert len(set(got[0][1].tolist())) >= 3 and len(set(got[0][1].astype(np.float32).tolist())) == 1
+            scores = got.row(0)[1]
+            assert len(set(scores.tolist())) >= 3 and len(set(scores.astype(np.float32).tolist())) == 1

@@ -50,6 +50,7 @@ def evaluate_retrieval(
     from tqdm.auto import tqdm
 
     from ragsuite.data.metrics import all_gold, retrieval_recall
+    from ragsuite.retrieval.base import ranked_ids
 
     scored = [ex for ex in examples if list(ex.get("gold_passage_ids") or [])]
     depth = max(ks)
@@ -59,9 +60,8 @@ def evaluate_retrieval(
     ) as bar:
         for lo in range(0, len(scored), _BATCH):
             chunk = scored[lo : lo + _BATCH]
-            results = retriever.batch([ex.question for ex in chunk], depth)
-            for ex, passages in zip(chunk, results, strict=True):
-                ids = [p.id for p in passages]
+            rankings = ranked_ids(retriever, [ex.question for ex in chunk], depth)
+            for ex, ids in zip(chunk, rankings, strict=True):
                 for k in ks:
                     totals[f"recall@{k}"] += retrieval_recall(ids, ex.gold_passage_ids, k)
                     totals[f"all_gold@{k}"] += all_gold(ids, ex.gold_passage_ids, k)

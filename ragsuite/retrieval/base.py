@@ -93,3 +93,12 @@ def query_token_limit(retriever: Any) -> int | None:
     limits = [query_token_limit(member) for member in getattr(retriever, "retrievers", None) or []]
     known = [limit for limit in limits if limit is not None]
     return min(known) if known else None
+
+
+def ranked_ids(retriever: Retriever, queries: Sequence[str], k: int) -> list[list[str]]:
+    """The ids of ``retriever.batch(queries, k)``'s passages: from its ``batch_ids`` when it has one (BM25
+    reads only the ids then, not the titles and texts), else from the passages."""
+    batch_ids = getattr(retriever, "batch_ids", None)
+    if batch_ids is not None:
+        return batch_ids(queries, k)
+    return [[p.id for p in passages] for passages in retriever.batch(queries, k)]

@@ -32,12 +32,13 @@ touched, so its cost follows the postings it reads, not the corpus size
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import fcntl
 import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -53,7 +54,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -72,6 +73,7 @@ from ragsuite.retrieval.bm25_index import (
     Scoring,
     index_bytes,
 )
+from ragsuite.retrieval.bm25_kernel import Rankings
 
 log = logging.getLogger("ragsuite.retrieval.bm25")
 
@@ -79,6 +81,7 @@ Method = Literal["lucene", "robertson", "atire", "bm25l", "bm25+"]
 StopwordList = Literal["en", "en_plus", "none"]
 
 _STEM_CACHE_LIMIT = 500_000
+_WORD_MEMO_LIMIT = 500_000
 
 
 @functools.cache
@@ -148,7 +151,7 @@ class _Tokenizer:
         lists = _stopword_lists()
         if stopwords not in lists:
             raise ConfigError(f"stopwords must be one of {', '.join(lists)}, not {stopwords!r}")
-        self._stopwords = frozenset(lists[stopwords])
+        self.stopwords = frozenset(lists[stopwords])
         self._stemmer_name = stemmer
         self._fold_accents = fold_accents
         self._local = threading.local()
@@ -170,12 +173,16 @@ class _Tokenizer:
             self._local.stemmer = stemmer
         return stemmer
 
-    def words(self, text: str) -> list[str]:
-        """Lowercased, accent-folded words minus stopwords, not stemmed."""
+    def split(self, text: str) -> list[str]:
+        """Lowercased, accent-folded words, stopwords included, not stemmed."""
         if self._fold_accents:
             text = _fold(text)
-        stop = self._stopwords
-        return [w for w in self._split(text.lower()) if w not in stop]
+        return self._split(text.lower())
+
+    def words(self, text: str) -> list[str]:
+        """Lowercased, accent-folded words minus stopwords, not stemmed."""
+        stop = self.stopwords
+        return [w for w in self.split(text) if w not in stop]
 
     def stem_all(self, words: Iterable[str]) -> dict[str, str]:
         """Stems of many distinct words at once (one PyStemmer call)."""
@@ -487,6 +494,8 @@ class BM25Retriever:
         self._workspaces = bm25_kernel.Workspaces(self._n)
         # Each term's highest weight (-1: not yet known), found by the compiled kernel on its first query.
         self._max_weights = np.full(len(self._indptr) - 1, -1.0, dtype=np.float32)
+        # Query word -> term id of its stem (-1: a stopword, or no such term), filled as queries come.
+        self._word_terms: dict[str, int] = {}
 
     # -- querying -----------------------------------------------------------------------------------
 
@@ -494,61 +503,73 @@ class BM25Retriever:
         return self._term_ids_many([query])[0]
 
     def _term_ids_many(self, queries: Sequence[str]) -> list[list[int]]:
-        """Each query's indexed term ids, in query order (the batch tokenized and stemmed at once)."""
+        """Each query's indexed term ids, in query order: its stemmed words (stopwords left out) that the
+        index has. Each word's term id (-1: none) is memoized, so a word seen before costs one dict lookup."""
         for query in queries:
             if not isinstance(query, str):
                 raise ConfigError(f"a query must be a string, got {type(query).__name__}")
+        word_lists = [self._tokenize.split(query) for query in queries]
+        known: Mapping[str, int] = self._word_terms
+        new = {w for words in word_lists for w in words if w not in known}
+        if new:
+            found = self._look_up_words(new)
+            if len(self._word_terms) < _WORD_MEMO_LIMIT:
+                self._word_terms.update(found)  # one atomic update: other threads see all of it or none
+            else:
+                known = collections.ChainMap(found, self._word_terms)
+        return [[i for w in words if (i := known[w]) >= 0] for words in word_lists]
+
+    def _look_up_words(self, words: set[str]) -> dict[str, int]:
+        """The term id of each word's stem, -1 for a stopword or a stem the index does not have."""
+        stems = self._tokenize.stem_all(w for w in words if w not in self._tokenize.stopwords)
         lookup = self._index.vocabulary.get
-        return [
-            [i for t in tokens if t != "" and (i := lookup(t)) is not None]
-            for tokens in self._tokenize.many(list(queries))
-        ]
+        found = dict.fromkeys(words, -1)
+        for word, stem in stems.items():
+            if stem != "" and (i := lookup(stem)) is not None:
+                found[word] = i
+        return found
 
-    def _rank_many(self, term_lists: list[list[int]], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The passage numbers and scores of each query's top ``k``, ranked exactly as sorting every passage
-        by (score descending, corpus order) would rank them."""
-        index = self._index
-        terms = [np.asarray(ids, dtype=np.int64) for ids in term_lists]
-        # BM25L / BM25+: every passage also gets each term's non-occurrence score (a float32 sum, as bm25s).
-        if index.nonoccurrence is None:
-            bases = np.zeros(len(terms))
-        else:
-            bases = np.array([float(index.nonoccurrence[t].sum()) for t in terms])
+    def _bases(self, terms: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Each query's base score: 0, or with BM25L / BM25+ the sum of its terms' non-occurrence scores,
+        which every passage gets (a float32 sum, as bm25s)."""
+        nonoccurrence = self._index.nonoccurrence
+        if nonoccurrence is None:
+            return np.zeros(len(offsets) - 1)
+        return np.array([float(nonoccurrence[terms[lo:hi]].sum()) for lo, hi in itertools.pairwise(offsets)])
+
+    def _rank_into(self, terms: np.ndarray, offsets: np.ndarray, bases: np.ndarray, out: Rankings) -> None:
+        """Fills ``out`` with the top k (its width) of the queries ``terms[offsets[q]:offsets[q + 1]]``,
+        ranked exactly as sorting every passage by (score descending, corpus order) would rank them."""
         with self._workspaces.borrow() as workspace:
-            ranked = bm25_kernel.top_k_many(
-                self._indptr, self._indices, self._weights, terms, bases, workspace, k, self._max_weights
-            )
-        for q, (docs, scores) in enumerate(ranked):
-            if len(docs) < k:  # every other passage scores the base: they follow in corpus order
-                ranked[q] = self._padded(docs, scores, float(bases[q]), k)
-        return ranked
+            bm25_kernel.top_k_many(
+                self._indptr, self._indices, self._weights, terms, offsets, bases, workspace, out,
+                self._max_weights,
+            )  # fmt: skip
+        k = out.docs.shape[1]
+        for q in np.flatnonzero(out.counts < min(k, self._n)).tolist():
+            self._pad(out, q, float(bases[q]))
 
-    def _passages_of(self, ranked: list[tuple[np.ndarray, np.ndarray]]) -> list[list[Passage]]:
-        """The passages of (one or more) rankings from :meth:`_rank_many`, with their scores."""
-        # One gather over all the rankings' passages, then split per query.
-        everything = self._index.passages.get_many(
-            np.concatenate([docs for docs, _ in ranked]), np.concatenate([s for _, s in ranked]).tolist()
-        )
-        results, start = [], 0
-        for docs, _ in ranked:
-            results.append(everything[start : start + len(docs)])
-            start += len(docs)
-        return results
-
-    def _padded(
-        self, docs: np.ndarray, scores: np.ndarray, base: float, k: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """A query's matched passages followed by the first others in corpus order, at the base score."""
-        matched, extra = set(docs.tolist()), []
+    def _pad(self, out: Rankings, q: int, base: float) -> None:
+        """Row q's matched passages followed by the first others in corpus order, at the base score (every
+        passage a query does not match scores the base)."""
+        count, k = int(out.counts[q]), out.docs.shape[1]
+        matched = set(out.docs[q, :count].tolist())
         for i in range(self._n):
-            if len(docs) + len(extra) >= k:
+            if count >= k:
                 break
             if i not in matched:
-                extra.append(i)
-        return (
-            np.concatenate([docs, np.array(extra, dtype=np.int64)]),
-            np.concatenate([scores, np.full(len(extra), base)]),
-        )
+                out.docs[q, count], out.scores[q, count] = i, base
+                count += 1
+        out.counts[q] = count
+
+    def _passages_of(self, ranked: Rankings) -> list[list[Passage]]:
+        """The passages of the rankings, with their scores (one gather for all of them)."""
+        docs, scores = ranked.filled()
+        return _split(self._index.passages.get_many(docs, scores.tolist()), ranked.counts)
+
+    def _ids_of(self, ranked: Rankings) -> list[list[str]]:
+        """The passage ids of the rankings."""
+        return _split(self._index.passages.ids_many(ranked.filled()[0]), ranked.counts)
 
     def _check_k(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -559,46 +580,76 @@ class BM25Retriever:
 
         A query with no indexed term (empty, only stopwords, or only unknown words) matches nothing: ``[]``.
         """
-        self._check_k(k)
-        term_ids = self._term_ids(query)
-        if not term_ids:
-            return []
-        try:
-            return self._passages_of(self._rank_many([term_ids], int(k)))[0]
-        except (ValueError, IndexError, OSError) as exc:
-            raise RetrievalError(f"BM25 search failed for query {query[:200]!r}: {exc}") from exc
+        return self._batch([query], k, self._passages_of)[0]
 
     def batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
-        """``[self(q, k) for q in queries]``."""
+        """``[self(q, k) for q in queries]``, the queries spread over a thread per CPU when that pays."""
+        return self._batch(queries, k, self._passages_of)
+
+    def batch_ids(self, queries: Sequence[str], k: int) -> list[list[str]]:
+        """The ids of :meth:`batch`'s passages, without reading their titles and texts: all that recall needs.
+
+        Example:
+            >>> retriever.batch_ids(["Which river flows through Stettin?"], k=2)
+            [['p1', 'p2']]
+        """
+        return self._batch(queries, k, self._ids_of)
+
+    #: Postings a batch reads in all from which :meth:`batch` spreads it over a thread per CPU. Below it,
+    #: handing chunks of queries to threads (each hand-over needs the GIL) costs more than the threads save
+    #: (measured with ``benchmarks/retrieval.py`` on the dev corpora: 10k-1.2M postings a batch).
+    threaded_postings = 100_000
+    #: Postings per chunk handed to a thread: about a few ms of kernel, so that a thread slowed by other
+    #: processes does not hold the batch back, while hand-overs stay rare.
+    chunk_postings = 1_000_000
+
+    def _batch(
+        self, queries: Sequence[str], k: int, read: Callable[[Rankings], list[list[_T]]]
+    ) -> list[list[_T]]:
         self._check_k(k)
         all_ids = self._term_ids_many(queries)
-        results: list[list[Passage]] = [[] for _ in all_ids]
+        results: list[list[_T]] = [[] for _ in all_ids]
         scored = [i for i, ids in enumerate(all_ids) if ids]  # no indexed term: matches nothing
-        workers = (os.cpu_count() or 1) if bm25_kernel.kernel_name() == "numba" else 1
-        # The compiled kernel releases the GIL: a thread per CPU takes chunks of queries as it frees up (small
-        # chunks, so a thread slowed by other processes does not hold the batch back), while this thread reads
-        # the passages of each chunk as it completes, in order. Only this thread runs Python meanwhile, so a
-        # kernel thread waits for the GIL at most one chunk's reading on its way out.
-        size = max(1, min(32, -(-len(scored) // (4 * workers))))
-        chunks = [scored[lo : lo + size] for lo in range(0, len(scored), size)]
+        terms, offsets = bm25_kernel.flatten([all_ids[i] for i in scored])
+        bases = self._bases(terms, offsets)
+        ranked = Rankings.empty(len(scored), int(k))
+        postings = int((self._indptr[terms + 1] - self._indptr[terms]).sum())
+        threaded = (
+            bm25_kernel.kernel_name() == "numba" and len(scored) > 1 and postings >= self.threaded_postings
+        )
+        # The compiled kernel releases the GIL: a thread per CPU takes chunks of queries as it frees up, while
+        # this thread reads the passages of each chunk as it completes, in order.
+        size = len(scored)
+        if threaded:
+            size = max(
+                1,
+                min(-(-len(scored) // (os.cpu_count() or 1)), self.chunk_postings * len(scored) // postings),
+            )
+        spans = [(lo, min(lo + size, len(scored))) for lo in range(0, len(scored), max(1, size))]
 
-        def rank(chunk: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-            return self._rank_many([all_ids[i] for i in chunk], int(k))
+        def rank(span: tuple[int, int]) -> Rankings:
+            lo, hi = span
+            self._rank_into(terms, offsets[lo : hi + 1], bases[lo:hi], ranked.rows(lo, hi))
+            return ranked.rows(lo, hi)
 
+        futures = []
         try:
-            with contextlib.ExitStack() as stack:
-                if workers > 1 and len(chunks) > 1:
-                    pool = stack.enter_context(ThreadPoolExecutor(max_workers=workers))
-                    futures = [pool.submit(rank, chunk) for chunk in chunks]
-                    rankings: Iterator[list[tuple[np.ndarray, np.ndarray]]] = (f.result() for f in futures)
-                else:
-                    rankings = map(rank, chunks)
-                for chunk, ranked in zip(chunks, rankings, strict=True):
-                    for i, found in zip(chunk, self._passages_of(ranked), strict=True):
-                        results[i] = found
+            if threaded:
+                futures = [_kernel_threads().submit(rank, span) for span in spans]
+                chunks: Iterator[Rankings] = (f.result() for f in futures)
+            else:
+                chunks = map(rank, spans)
+            for (lo, hi), chunk in zip(spans, chunks, strict=True):
+                for i, found in zip(scored[lo:hi], read(chunk), strict=True):
+                    results[i] = found
             return results
         except (ValueError, IndexError, OSError) as exc:
+            if len(queries) == 1:
+                raise RetrievalError(f"BM25 search failed for query {queries[0][:200]!r}: {exc}") from exc
             raise RetrievalError(f"BM25 batch search failed: {exc}") from exc
+        finally:
+            for future in futures:  # after a failure or an interrupt: the chunks not yet started
+                future.cancel()
 
     def describe(self) -> dict[str, Any]:
         """Kind, spec, index key, corpus size and settings (JSON-able)."""
@@ -657,6 +708,30 @@ def _file_source(path: Path, *, cache_dir: str | os.PathLike[str] | None) -> _Co
         total=lambda: count_table_rows(path),
         on_duplicate=on_duplicate,
     )
+
+
+_T = TypeVar("_T")
+
+
+def _split(everything: list[_T], counts: np.ndarray) -> list[list[_T]]:
+    """``everything`` (the items of several rankings, concatenated) cut back into one list per ranking."""
+    ends = np.cumsum(counts).tolist()
+    return [everything[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+_threads: tuple[int, ThreadPoolExecutor] | None = None
+_threads_lock = threading.Lock()
+
+
+def _kernel_threads() -> ThreadPoolExecutor:
+    """A thread per CPU for :meth:`BM25Retriever.batch`'s kernel calls, shared by every retriever and started
+    once per process (a forked child starts its own: its parent's threads are not in it)."""
+    global _threads
+    with _threads_lock:
+        if _threads is None or _threads[0] != os.getpid():
+            pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="bm25-kernel")
+            _threads = (os.getpid(), pool)
+        return _threads[1]
 
 
 def _discard(directory: Path) -> None:

@@ -17,7 +17,8 @@ traffic and still returns the exact float64 ranking, in the manner of a filter-t
    **verified**: their float64 sums are recomputed, in query-term order, by galloping through each term's
    ascending postings, and compete in a heap by (score, corpus order). Each touched block is first moved out
    of the buffer (leaving it zero) by one branchless, vectorized sweep that also counts its sums within
-   reach; most blocks have none and need nothing more.
+   reach; most blocks have none and need nothing more. Any k passages bound ``f`` from below, so the pass
+   starts from the k-th best sum among the passages of the query's rarest term rather than from zero.
 
 So the result is the fallback's, bit for bit, while the verified passages are about k plus near-ties. The
 kernel releases the GIL. ``pip install 'ragsuite[fast]'`` (numba) selects it; ``RAGSUITE_BM25_KERNEL=numpy``
@@ -30,8 +31,9 @@ import importlib.util
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -173,52 +175,74 @@ def top_k_numpy(
     return candidates[order].astype(np.int64), scores[order]
 
 
-def top_k_many_numba(
-    indptr: np.ndarray,
-    indices: np.ndarray,
-    weights: np.ndarray,
-    term_lists: list[np.ndarray],
-    bases: np.ndarray,
-    workspace: Workspace,
-    k: int,
-    max_weights: np.ndarray | None = None,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`top_k_numpy` for many queries in one compiled call (the GIL is released while it runs)."""
-    # Imported on first use: numba takes ~0.4 s to import; the kernel itself comes from numba's disk cache.
-    from ragsuite.retrieval.bm25_numba import many
+@dataclass(frozen=True)
+class Rankings:
+    """The top ``k`` of many queries: row ``q`` holds query q's passage numbers and scores, best first, in its
+    first ``counts[q]`` columns."""
 
-    n = len(term_lists)
-    offsets = np.zeros(n + 1, dtype=np.int64)
+    docs: np.ndarray  # (queries, k) int64
+    scores: np.ndarray  # (queries, k) float64
+    counts: np.ndarray  # (queries,) int64
+
+    @classmethod
+    def empty(cls, n: int, k: int) -> Rankings:
+        return cls(np.zeros((n, k), dtype=np.int64), np.zeros((n, k)), np.zeros(n, dtype=np.int64))
+
+    def rows(self, lo: int, hi: int) -> Rankings:
+        """Rows lo to hi (a view: filling it fills these rows)."""
+        return Rankings(self.docs[lo:hi], self.scores[lo:hi], self.counts[lo:hi])
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    def row(self, q: int) -> tuple[np.ndarray, np.ndarray]:
+        """Query q's passage numbers and scores."""
+        return self.docs[q, : self.counts[q]], self.scores[q, : self.counts[q]]
+
+    def filled(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's passage numbers and scores, concatenated in row order (unfilled columns left out)."""
+        mask = np.arange(self.docs.shape[1]) < self.counts[:, None]
+        return self.docs[mask], self.scores[mask]
+
+
+def flatten(term_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Many queries' term ids as one array and the offsets where each query's begin (the kernel's input)."""
+    offsets = np.zeros(len(term_lists) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in term_lists], out=offsets[1:])
-    terms = np.concatenate(term_lists) if n else np.zeros(0, dtype=np.int64)
-    out_docs = np.zeros((n, k), dtype=np.int64)
-    out_scores = np.zeros((n, k), dtype=np.float64)
-    out_counts = np.zeros(n, dtype=np.int64)
-    if max_weights is None:
-        max_weights = np.full(len(indptr) - 1, -1.0, dtype=np.float32)
-    many(
-        indptr, indices, weights, max_weights, terms, offsets, np.asarray(bases, dtype=np.float64),
-        workspace.scores32, workspace.dirty, k, DENSE_POSTINGS_SHARE["numba"],
-        out_docs, out_scores, out_counts,
-    )  # fmt: skip
-    return [(out_docs[q, : out_counts[q]], out_scores[q, : out_counts[q]]) for q in range(n)]
+    terms = np.fromiter((t for ids in term_lists for t in ids), dtype=np.int64, count=int(offsets[-1]))
+    return terms, offsets
 
 
 def top_k_many(
     indptr: np.ndarray,
     indices: np.ndarray,
     weights: np.ndarray,
-    term_lists: list[np.ndarray],
+    terms: np.ndarray,
+    offsets: np.ndarray,
     bases: np.ndarray,
     workspace: Workspace,
-    k: int,
+    out: Rankings,
     max_weights: np.ndarray | None = None,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For each query (its term ids and base score): the passage numbers and scores of its best ``k``
-    passages scoring above the base, best first, with the selected kernel (see :func:`kernel_name`)."""
-    if kernel_name() == "numba":
-        return top_k_many_numba(indptr, indices, weights, term_lists, bases, workspace, k, max_weights)
-    return [
-        top_k_numpy(indptr, indices, weights, terms, workspace, k, float(base))
-        for terms, base in zip(term_lists, bases, strict=True)
-    ]
+) -> None:
+    """Fills ``out`` with each query's best ``k`` passages (k: its width) scoring above the query's base, best
+    first, with the selected kernel (see :func:`kernel_name`). Query q's term ids are
+    ``terms[offsets[q]:offsets[q + 1]]``; the compiled kernel releases the GIL while it runs."""
+    k = out.docs.shape[1]
+    if kernel_name() == "numpy":
+        for q in range(len(out)):
+            docs, scores = top_k_numpy(
+                indptr, indices, weights, terms[offsets[q] : offsets[q + 1]], workspace, k, float(bases[q])
+            )
+            out.counts[q] = len(docs)
+            out.docs[q, : len(docs)], out.scores[q, : len(docs)] = docs, scores
+        return
+    # Imported on first use: numba takes ~0.4 s to import; the kernel itself comes from numba's disk cache.
+    from ragsuite.retrieval.bm25_numba import many
+
+    if max_weights is None:
+        max_weights = np.full(len(indptr) - 1, -1.0, dtype=np.float32)
+    many(
+        indptr, indices, weights, max_weights, terms, offsets, np.asarray(bases, dtype=np.float64),
+        workspace.scores32, workspace.dirty, k, DENSE_POSTINGS_SHARE["numba"],
+        out.docs, out.scores, out.counts,
+    )  # fmt: skip
