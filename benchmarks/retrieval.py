@@ -9,6 +9,9 @@ processes hits every column alike. "plain bm25s" is the reference configuration:
 bm25s' English stopwords, title and text joined by a space, method lucene, k1 = 1.5, b = 0.75; its query time
 includes ``bm25s.tokenize`` just as ragsuite's includes its own tokenizer. "plain bm25s numba" is the same
 index with bm25s' numba backend, its fastest; batches of both bm25s columns and of ragsuite use every core.
+A bm25s batch returns passage numbers, which the column maps to ids. "ragsuite BM25 ids" is the like-for-like
+call, ``batch_ids`` (ids only); "ragsuite BM25" returns whole passages, title and text read from the index's
+passage store, as a program gets them.
 
 Adding a column: write ``def build_x(corpus, *, cache_dir) -> Column`` and list it in ``COLUMNS``.
 
@@ -44,7 +47,7 @@ class Column:
 
     name: str
     batch: Callable[[Sequence[str], int], list[list[str]]]
-    one: Callable[[str, int], list[str]]
+    one: Callable[[str, int], list[str]] | None  # None: only batches are timed
     timed: bool = True  # remote or slow retrievers can opt out of the speed columns
 
 
@@ -92,8 +95,20 @@ def build_ragsuite_bm25(corpus: list[Passage], *, cache_dir: Path) -> Column:
     return Column("ragsuite BM25", batch, one)
 
 
+def build_ragsuite_bm25_ids(corpus: list[Passage], *, cache_dir: Path) -> Column:
+    """ragsuite's ``batch_ids``: the ids of the top k, no passage text read (what a bm25s batch returns)."""
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    return Column("ragsuite BM25 ids", BM25Retriever(corpus, cache_dir=cache_dir).batch_ids, None)
+
+
 # Reference column first: ratios are taken against it.
-COLUMNS: list[Callable[..., Column]] = [build_plain_bm25s, build_plain_bm25s_numba, build_ragsuite_bm25]
+COLUMNS: list[Callable[..., Column]] = [
+    build_plain_bm25s,
+    build_plain_bm25s_numba,
+    build_ragsuite_bm25,
+    build_ragsuite_bm25_ids,
+]
 
 HYBRID_NAMES = ("dense MiniLM", "hybrid interleave", "hybrid rrf")
 
@@ -169,35 +184,40 @@ def bench_dataset(
             )
             for k in (5, 10)
         }
-        column.one(questions[0], K)  # warm-up
+        if column.one is not None:
+            column.one(questions[0], K)  # warm-up
     for _ in range(repeats):
         for column in (c for c in columns if c.timed):
             timing[column.name]["batch"].append(_qps(lambda c=column: c.batch(questions, K), len(questions)))
-            timing[column.name]["one"].append(
-                _qps(lambda c=column: [c.one(q, K) for q in questions], len(questions))
-            )
+            if column.one is not None:
+                timing[column.name]["one"].append(
+                    _qps(lambda c=column: [c.one(q, K) for q in questions], len(questions))
+                )
     for column in (c for c in columns if c.timed):
-        for mode in ("batch", "one"):
-            row["columns"][column.name][f"qps_{mode}"] = statistics.median(timing[column.name][mode])
+        for mode, runs in timing[column.name].items():
+            if runs:
+                row["columns"][column.name][f"qps_{mode}"] = statistics.median(runs)
     return row
 
 
 def markdown(rows: list[dict]) -> str:
-    ref, fast, ours = "plain bm25s", "plain bm25s numba", "ragsuite BM25"
+    ref, fast, ours, ids = "plain bm25s", "plain bm25s numba", "ragsuite BM25", "ragsuite BM25 ids"
     lines = [
         "| dataset | passages | questions | R@5 plain | R@5 ragsuite | R@10 plain | R@10 ragsuite "
-        "| q/s batch plain | q/s batch plain numba | q/s batch ragsuite | ratio to numba "
+        "| q/s batch plain | q/s batch plain numba | q/s batch ragsuite ids | ratio to numba "
+        "| q/s batch ragsuite passages | ratio to numba "
         "| q/s 1-by-1 plain | q/s 1-by-1 plain numba | q/s 1-by-1 ragsuite | ratio to plain |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        a, n, b = row["columns"][ref], row["columns"][fast], row["columns"][ours]
+        a, n, b, i = (row["columns"][name] for name in (ref, fast, ours, ids))
         lines.append(
             f"| {row['dataset']} | {row['passages']} | {row['questions']} "
             f"| {a['recall@5']:.3f} | **{b['recall@5']:.3f}** "
             f"| {a['recall@10']:.3f} | **{b['recall@10']:.3f}** "
-            f"| {a['qps_batch']:,.0f} | {n['qps_batch']:,.0f} | {b['qps_batch']:,.0f} "
-            f"| {b['qps_batch'] / n['qps_batch']:.2f}x "
+            f"| {a['qps_batch']:,.0f} | {n['qps_batch']:,.0f} "
+            f"| {i['qps_batch']:,.0f} | {i['qps_batch'] / n['qps_batch']:.2f}x "
+            f"| {b['qps_batch']:,.0f} | {b['qps_batch'] / n['qps_batch']:.2f}x "
             f"| {a['qps_one']:,.0f} | {n['qps_one']:,.0f} | {b['qps_one']:,.0f} "
             f"| {b['qps_one'] / a['qps_one']:.2f}x |"
         )
