@@ -580,7 +580,17 @@ class BM25Retriever:
 
         A query with no indexed term (empty, only stopwords, or only unknown words) matches nothing: ``[]``.
         """
-        return self._batch([query], k, self._passages_of)[0]
+        self._check_k(k)
+        term_ids = self._term_ids(query)
+        if not term_ids:
+            return []
+        terms, offsets = np.array(term_ids, dtype=np.int64), np.array([0, len(term_ids)], dtype=np.int64)
+        ranked = Rankings.empty(1, int(k))
+        try:
+            self._rank_into(terms, offsets, self._bases(terms, offsets), ranked)
+            return self._passages_of(ranked)[0]
+        except (ValueError, IndexError, OSError) as exc:
+            raise RetrievalError(f"BM25 search failed for query {query[:200]!r}: {exc}") from exc
 
     def batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         """``[self(q, k) for q in queries]``, the queries spread over a thread per CPU when that pays."""
@@ -613,10 +623,9 @@ class BM25Retriever:
         terms, offsets = bm25_kernel.flatten([all_ids[i] for i in scored])
         bases = self._bases(terms, offsets)
         ranked = Rankings.empty(len(scored), int(k))
-        postings = int((self._indptr[terms + 1] - self._indptr[terms]).sum())
-        threaded = (
-            bm25_kernel.kernel_name() == "numba" and len(scored) > 1 and postings >= self.threaded_postings
-        )
+        threaded = len(scored) > 1 and (os.cpu_count() or 1) > 1 and bm25_kernel.kernel_name() == "numba"
+        postings = int((self._indptr[terms + 1] - self._indptr[terms]).sum()) if threaded else 0
+        threaded = threaded and postings >= self.threaded_postings
         # The compiled kernel releases the GIL: a thread per CPU takes chunks of queries as it frees up, while
         # this thread reads the passages of each chunk as it completes, in order.
         size = len(scored)
@@ -644,8 +653,6 @@ class BM25Retriever:
                     results[i] = found
             return results
         except (ValueError, IndexError, OSError) as exc:
-            if len(queries) == 1:
-                raise RetrievalError(f"BM25 search failed for query {queries[0][:200]!r}: {exc}") from exc
             raise RetrievalError(f"BM25 batch search failed: {exc}") from exc
         finally:
             for future in futures:  # after a failure or an interrupt: the chunks not yet started

@@ -28,6 +28,7 @@ forces the fallback.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import queue
 import threading
@@ -209,7 +210,7 @@ def flatten(term_lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray
     """Many queries' term ids as one array and the offsets where each query's begin (the kernel's input)."""
     offsets = np.zeros(len(term_lists) + 1, dtype=np.int64)
     np.cumsum([len(t) for t in term_lists], out=offsets[1:])
-    terms = np.fromiter((t for ids in term_lists for t in ids), dtype=np.int64, count=int(offsets[-1]))
+    terms = np.fromiter(itertools.chain.from_iterable(term_lists), dtype=np.int64, count=int(offsets[-1]))
     return terms, offsets
 
 
