@@ -131,6 +131,24 @@ def score_exactly(
 
 
 @njit
+def replace_least(heap, k, s):  # type: ignore[no-untyped-def]
+    """Put s in place of the root of a full min-heap of k float32 sums, and sift it down."""
+    heap[0] = s
+    j = 0
+    while True:
+        child = 2 * j + 1
+        if child >= k:
+            return
+        if child + 1 < k and heap[child + 1] < heap[child]:
+            child += 1
+        if heap[child] < heap[j]:
+            heap[child], heap[j] = heap[j], heap[child]
+            j = child
+        else:
+            return
+
+
+@njit
 def first_floor(indptr, indices, terms, scores, k):  # type: ignore[no-untyped-def]
     """A lower bound on the k-th best float32 sum, before the scan: the k-th best sum among the passages of
     the query term with the fewest postings (at least k, and few enough to read at once; 0 if none).
@@ -149,19 +167,7 @@ def first_floor(indptr, indices, terms, scores, k):  # type: ignore[no-untyped-d
     for p in range(indptr[best], indptr[best + 1]):
         s = scores[indices[p]]
         if s > heap[0]:
-            heap[0] = s
-            j = 0
-            while True:
-                child = 2 * j + 1
-                if child >= k:
-                    break
-                if child + 1 < k and heap[child + 1] < heap[child]:
-                    child += 1
-                if heap[child] < heap[j]:
-                    heap[child], heap[j] = heap[j], heap[child]
-                    j = child
-                else:
-                    break
+            replace_least(heap, k, s)
     return heap[0]
 
 
@@ -241,20 +247,8 @@ def one_query(
                         while j > 0 and heap[(j - 1) // 2] > heap[j]:
                             heap[(j - 1) // 2], heap[j] = heap[j], heap[(j - 1) // 2]
                             j = (j - 1) // 2
-                    else:  # replace the root, sift down
-                        heap[0] = s
-                        j = 0
-                        while True:
-                            child = 2 * j + 1
-                            if child >= k:
-                                break
-                            if child + 1 < k and heap[child + 1] < heap[child]:
-                                child += 1
-                            if heap[child] < heap[j]:
-                                heap[child], heap[j] = heap[j], heap[child]
-                                j = child
-                            else:
-                                break
+                    else:
+                        replace_least(heap, k, s)
                     if size32 == k:
                         floor = heap[0]
                         collect = max(collect, np.float32(np.float64(floor) - 2.0 * slack))
