@@ -606,8 +606,9 @@ class BM25Retriever:
         return self._batch(queries, k, self._ids_of)
 
     #: Postings a batch reads in all from which :meth:`batch` spreads it over a thread per CPU. Below it,
-    #: handing chunks of queries to threads (each hand-over needs the GIL) costs more than the threads save
-    #: (measured with ``benchmarks/retrieval.py`` on the dev corpora: 10k-1.2M postings a batch).
+    #: handing chunks of queries to threads (each hand-over needs the GIL) costs more than the threads save:
+    #: on 2 CPUs, the dev questions of StrategyQA and ASQA (10k-40k postings a batch) ran faster in one
+    #: thread, those of NQ, MuSiQue and HotpotQA (230k-1.2M) on two.
     threaded_postings = 100_000
     #: Postings per chunk handed to a thread: about a few ms of kernel, so that a thread slowed by other
     #: processes does not hold the batch back, while hand-overs stay rare.
