@@ -191,18 +191,6 @@ class _Tokenizer:
             return {w: w for w in unique}
         return dict(zip(unique, self._stemmer().stemWords(unique), strict=True))
 
-    def many(self, texts: Sequence[str]) -> list[list[str]]:
-        """``[self(t) for t in texts]``, with one PyStemmer call for the words of all texts not yet known."""
-        word_lists = [self.words(text) for text in texts]
-        if self._stemmer_name is None:
-            return word_lists
-        cache = self._cache
-        stems = self.stem_all(w for words in word_lists for w in words if w not in cache)
-        if stems and len(cache) < _STEM_CACHE_LIMIT:
-            cache.update(stems)
-        # A word missing from the (only growing) cache was stemmed just above.
-        return [[cache[w] if w in cache else stems[w] for w in words] for words in word_lists]
-
     def __call__(self, text: str) -> list[str]:
         words = self.words(text)
         if self._stemmer_name is None:
@@ -631,11 +619,10 @@ class BM25Retriever:
         # this thread reads the passages of each chunk as it completes, in order.
         size = len(scored)
         if threaded:
-            size = max(
-                1,
-                min(-(-len(scored) // (os.cpu_count() or 1)), self.chunk_postings * len(scored) // postings),
-            )
-        spans = [(lo, min(lo + size, len(scored))) for lo in range(0, len(scored), max(1, size))]
+            per_thread = -(-len(scored) // (os.cpu_count() or 1))
+            size = min(per_thread, self.chunk_postings * len(scored) // postings)
+        size = max(1, size)
+        spans = [(lo, min(lo + size, len(scored))) for lo in range(0, len(scored), size)]
 
         def rank(span: tuple[int, int]) -> Rankings:
             lo, hi = span
