@@ -8,6 +8,9 @@ LM specs:
                                  Router (:mod:`ragsuite.lm_replicas`); also ``vllm:NAME@URL1,URL2``
     vllm:NAME[@URL]              shorthand for a vLLM server; URL defaults to http://127.0.0.1:8000/v1
     PROVIDER/MODEL               any other provider ``dspy.LM`` supports, with its usual environment key
+    local[:NAME|PATH]            the embedded local LM (:mod:`ragsuite.local_lm`): a GGUF model from the
+                                 package index (or any GGUF file), served on 127.0.0.1 for the command; no
+                                 key, no network. With api_base: the server ``ragsuite serve --local`` started
 
 Keys are read from the environment only. An OpenAI-compatible server given by ``api_base`` gets the key in
 ``api_key_env`` (default ``$VLLM_API_KEY``, the variable ``vllm serve`` itself reads) or, when that is unset,
@@ -37,13 +40,18 @@ from ragsuite.errors import ConfigError, RagsuiteError
 if TYPE_CHECKING:
     import dspy
 
+    from ragsuite.local_lm import LocalEndpoint
+
 log = logging.getLogger("ragsuite.lm")
 
 DEFAULT_VLLM_BASE = "http://127.0.0.1:8000/v1"
 DEFAULT_VLLM_KEY_ENV = "VLLM_API_KEY"
 #: Sent to keyless local servers: the OpenAI client insists on some key.
 PLACEHOLDER_KEY = "EMPTY"
-SPEC_HELP = "openai/MODEL | openai/NAME with --api-base URL | vllm:NAME[@URL] | PROVIDER/MODEL"
+SPEC_HELP = (
+    "local[:NAME|PATH] (embedded model, no key) | openai/MODEL | openai/NAME with --api-base URL | "
+    "vllm:NAME[@URL] | PROVIDER/MODEL"
+)
 
 # Environment variables whose values are secrets (redacted wherever they appear).
 _SECRET_NAME = re.compile(r"(API_KEY|APIKEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
@@ -71,12 +79,14 @@ class LMSpec:
         api_base: The server's ``/v1`` URL, or None for the provider's own endpoint.
         api_key_env: The environment variable holding the key, or None when a placeholder is used.
         replicas: With several servers for one model, all their URLs (``api_base`` is the first); else empty.
+        local: For ``local[:...]``, the running local server and its verified model file; else None.
     """
 
     model: str
     api_base: str | None
     api_key_env: str | None
     replicas: tuple[str, ...] = ()
+    local: LocalEndpoint | None = None
 
     @property
     def servers(self) -> tuple[str, ...]:
@@ -85,7 +95,10 @@ class LMSpec:
 
     def public(self) -> dict[str, Any]:
         """The spec as saved in manifests: model and endpoint (credentials stripped; the list of replicas
-        when there are several), never a key."""
+        when there are several), never a key. A local model is recorded by its content hash and engine, not
+        by the port its server happened to get."""
+        if self.local is not None:
+            return {**self.local.public(), "api_base": None, "key_env": None}
         api_base: Any = strip_credentials(self.api_base)
         if self.replicas:
             api_base = [strip_credentials(url) for url in self.replicas]
@@ -112,10 +125,17 @@ def split_api_bases(api_base: str | Sequence[str] | None) -> list[str]:
 
 
 def parse_lm_spec(
-    spec: str, *, api_base: str | Sequence[str] | None = None, api_key_env: str | None = None
+    spec: str,
+    *,
+    api_base: str | Sequence[str] | None = None,
+    api_key_env: str | None = None,
+    local_options: Mapping[str, Any] | None = None,
 ) -> LMSpec:
     """Resolve a spec (see the module docstring) and an optional ``api_base`` (one URL, a comma-separated
     list or a sequence of them: replicas of one model) into an :class:`LMSpec`.
+
+    ``local[:NAME|PATH]`` starts the local LM server for this process (or reuses the one already started,
+    or the one at ``api_base``), with ``local_options`` (``engine``, ``parallel``, ``ctx``, ``threads``).
 
     Raises:
         ConfigError: for a malformed spec.
@@ -124,6 +144,17 @@ def parse_lm_spec(
     spec = (spec or "").strip()
     if not spec:
         raise ConfigError(f"empty LM spec; expected {SPEC_HELP}")
+    from ragsuite.local_lm import is_local_spec
+
+    if is_local_spec(spec):
+        if len(bases) > 1:
+            raise ConfigError(
+                "--lm local takes one --api-base (a `ragsuite serve --local` server), not replicas"
+            )
+        from ragsuite.local_lm import local_endpoint
+
+        endpoint = local_endpoint(spec, api_base=bases[0] if bases else None, **dict(local_options or {}))
+        return LMSpec(f"openai/{endpoint.served_name}", _check_url(endpoint.api_base), None, local=endpoint)
     if spec.startswith("vllm:"):
         rest = spec[len("vllm:") :]
         name, url = rest, None
@@ -225,6 +256,7 @@ def build_lm(
     check: bool = False,
     max_retry_wait: float = 60.0,
     top_p: float | None = None,
+    local_options: Mapping[str, Any] | None = None,
 ) -> dspy.LM:
     """Build a ``dspy.LM`` from a spec.
 
@@ -248,6 +280,8 @@ def build_lm(
         check: Ask the server's ``/models`` now (see :func:`check_endpoint`).
         max_retry_wait: Longest wait before a retry, in seconds.
         top_p: Nucleus sampling; None leaves the provider's default.
+        local_options: For ``local[:...]`` specs: ``engine``, ``parallel``, ``ctx``, ``threads`` of the
+            server started for them (:class:`ragsuite.local_lm.LocalServer`).
 
     Raises:
         ConfigError: malformed spec or missing key.
@@ -257,6 +291,7 @@ def build_lm(
         >>> lm = build_lm("openai/gpt-4o-mini")          # needs OPENAI_API_KEY
         >>> lm = build_lm("openai/llama", api_base="http://127.0.0.1:8000/v1")
         >>> lm = build_lm("openai/llama", api_base="http://gpu-1:8000/v1,http://gpu-2:8000/v1")
+        >>> lm = build_lm("local")                      # the embedded local model, no key
     """
 
     if retries < 0:
@@ -265,7 +300,7 @@ def build_lm(
         raise ConfigError("timeout must be > 0 seconds")
     if max_retry_wait < 0:
         raise ConfigError("max_retry_wait must be >= 0 seconds")
-    parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env)
+    parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env, local_options=local_options)
     key = resolve_key(parsed)
     kwargs: dict[str, Any] = {}
     if seed is not None:
@@ -301,9 +336,11 @@ def build_lm(
     from ragsuite.lm_client import EndpointLM
 
     # Cached answers belong to the endpoint that gave them: one served name can mean two different models.
+    # A local model's answers belong to its file's content and engine, whatever port its server got.
+    scope = strip_credentials(parsed.api_base) if parsed.api_base else None
     return EndpointLM(
         parsed.model,
-        cache_scope=strip_credentials(parsed.api_base) if parsed.api_base else None,
+        cache_scope=parsed.local.cache_scope if parsed.local is not None else scope,
         max_retry_wait=max_retry_wait,
         temperature=temperature,
         max_tokens=max_tokens,

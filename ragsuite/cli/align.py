@@ -204,9 +204,13 @@ def _top_ks(text: str) -> list[int]:
 
 
 def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from ragsuite.cli.eval import local_options
     from ragsuite.lm import build_lm, check_endpoint, parse_lm_spec, redact
 
-    parsed = parse_lm_spec(args.judge_lm, api_base=args.judge_api_base, api_key_env=args.judge_api_key_env)
+    local = local_options(args)
+    parsed = parse_lm_spec(
+        args.judge_lm, api_base=args.judge_api_base, api_key_env=args.judge_api_key_env, local_options=local
+    )
     lm = build_lm(
         args.judge_lm,
         api_base=args.judge_api_base,
@@ -218,6 +222,7 @@ def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         cache=not args.no_cache,
         seed=args.seed,
         max_retry_wait=args.max_retry_wait,
+        local_options=local,
     )
     check_endpoint(parsed, timeout=min(args.timeout, 10.0))
     public = {"spec": redact(args.judge_lm), **parsed.public(), "temperature": args.judge_temperature}

@@ -196,6 +196,7 @@ def build_retriever_for(args: argparse.Namespace, cls: type) -> Any:
 def build_teacher(args: argparse.Namespace) -> Any:
     if not args.teacher_lm:
         return None
+    from ragsuite.cli.eval import local_options
     from ragsuite.lm import build_lm
 
     same_server = args.teacher_lm.startswith("openai/") or (
@@ -210,6 +211,7 @@ def build_teacher(args: argparse.Namespace) -> Any:
         timeout=args.timeout,
         retries=args.retries,
         cache=not args.no_cache,
+        local_options=local_options(args),
     )
 
 

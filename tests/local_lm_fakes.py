@@ -1,0 +1,146 @@
+"""Test doubles for the local LM: tiny GGUF files and a stand-in ``llama-server`` executable.
+
+The stand-in takes llama-server's flags, serves ``/v1/models`` under ``--alias`` and answers chat
+completions with a fixed reply and exact usage, so the server lifecycle and the ``--lm local`` path can be
+tested without a model. ``FAKE_EXIT`` in its environment makes it exit at once, as a server whose model
+fails to load does.
+"""
+
+from __future__ import annotations
+
+import stat
+import struct
+import sys
+from pathlib import Path
+
+
+def _string(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def write_gguf(
+    path: Path, metadata: dict[str, object], *, arrays: dict[str, list[object]] | None = None
+) -> Path:
+    """A GGUF (version 3) header with ``metadata`` (str -> string, bool, int -> uint32, float -> float32) and
+    ``arrays`` (lists of strings or of uint32), no tensors."""
+    entries = []
+    for key, value in metadata.items():
+        if isinstance(value, str):
+            entries.append(_string(key) + struct.pack("<I", 8) + _string(value))
+        elif isinstance(value, bool):
+            entries.append(_string(key) + struct.pack("<I?", 7, value))
+        elif isinstance(value, int):
+            entries.append(_string(key) + struct.pack("<II", 4, value))
+        else:
+            entries.append(_string(key) + struct.pack("<If", 6, float(value)))
+    for key, items in (arrays or {}).items():
+        if all(isinstance(item, str) for item in items):
+            body = b"".join(_string(str(item)) for item in items)
+            entries.append(_string(key) + struct.pack("<IIQ", 9, 8, len(items)) + body)
+        else:
+            body = b"".join(struct.pack("<I", int(item)) for item in items)  # type: ignore[arg-type]
+            entries.append(_string(key) + struct.pack("<IIQ", 9, 4, len(items)) + body)
+    header = b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries))
+    path.write_bytes(header + b"".join(entries))
+    return path
+
+
+def tiny_model(path: Path, *, context_length: int = 32768) -> Path:
+    return write_gguf(
+        path,
+        {
+            "general.architecture": "qwen2",
+            "general.name": "Tiny",
+            "qwen2.context_length": context_length,
+            "tokenizer.chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        },
+        arrays={"tokenizer.ggml.tokens": ["a", "b", "c"], "tokenizer.ggml.token_type": [1, 1, 1]},
+    )
+
+
+FAKE_LLAMA_SERVER = r'''#!{python}
+"""A stand-in for llama-server: its flags, /v1/models under --alias, fixed chat replies with usage."""
+import argparse, json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+parser = argparse.ArgumentParser()
+for flag in ("--model", "--alias", "--host", "--port", "--ctx-size", "--parallel", "--threads"):
+    parser.add_argument(flag)
+parser.add_argument("--threads-batch")
+for flag in ("--metrics", "--jinja", "--no-webui"):
+    parser.add_argument(flag, action="store_true")
+args = parser.parse_args()
+print("fake llama-server", " ".join(sys.argv[1:]), flush=True)
+if os.environ.get("FAKE_EXIT"):
+    print("error: failed to load model", flush=True)
+    sys.exit(3)
+reply = os.environ.get("FAKE_REPLY", "[[ ## answer ## ]]\nParis\n\n[[ ## completed ## ]]")
+totals = {{"prompt": 0, "completion": 0}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, payload, ctype="application/json"):
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path.startswith("/v1/models"):
+            model = {{"id": args.alias, "object": "model", "owned_by": "llamacpp"}}
+            self._send({{"object": "list", "data": [model]}})
+        else:
+            lines = [
+                f"llamacpp:prompt_tokens_total {{totals['prompt']}}",
+                f"llamacpp:tokens_predicted_total {{totals['completion']}}",
+            ]
+            self._send("\n".join(lines).encode(), "text/plain")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+        completion = len(reply.split())
+        totals["prompt"] += prompt
+        totals["completion"] += completion
+        message = {{"role": "assistant", "content": reply}}
+        usage = {{"prompt_tokens": prompt, "completion_tokens": completion}}
+        self._send({{
+            "id": "x", "object": "chat.completion", "created": 0, "model": args.alias,
+            "choices": [{{"index": 0, "message": message, "finish_reason": "stop"}}],
+            "usage": {{**usage, "total_tokens": prompt + completion}},
+        }})
+
+
+server = ThreadingHTTPServer((args.host, int(args.port)), Handler)
+try:
+    server.serve_forever()
+except KeyboardInterrupt:
+    pass
+'''
+
+
+def fake_llama_server(folder: Path) -> Path:
+    """Write the stand-in ``llama-server`` into ``folder`` and return its path."""
+    path = folder / "llama-server"
+    path.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def slice_packages(root: Path, data: bytes, names: list[str]) -> None:
+    """Split ``data`` over packages ``names`` laid out like the model wheels (``<name>/data/partNN.bin``)."""
+    size = -(-len(data) // len(names))
+    for number, name in enumerate(names, start=1):
+        folder = root / name / "data"
+        folder.mkdir(parents=True)
+        (root / name / "__init__.py").write_text("")
+        (folder / f"part{number:02d}.bin").write_bytes(data[(number - 1) * size : number * size])
+
+
+__all__ = ["fake_llama_server", "slice_packages", "tiny_model", "write_gguf"]

@@ -1,0 +1,236 @@
+"""The embedded local LM without a model: GGUF metadata, verified assembly of packaged models, the server's
+lifecycle against a stand-in llama-server, and the ``--lm local`` path through ``build_lm``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ragsuite.errors import ConfigError, MissingExtraError
+from ragsuite.local_lm import models as local_models
+from ragsuite.local_lm.models import ModelFileError, PackagedModel, read_gguf_metadata, resolve_model
+from ragsuite.local_lm.server import LocalServer, LocalServerError, plan_settings, resolve_engine
+from tests.local_lm_fakes import fake_llama_server, slice_packages, tiny_model, write_gguf
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_gguf_metadata_reads_scalars_and_strings_and_skips_arrays(tmp_path: Path) -> None:
+    path = tiny_model(tmp_path / "m.gguf", context_length=4096)
+    metadata = read_gguf_metadata(path)
+    assert metadata["general.architecture"] == "qwen2"
+    assert metadata["qwen2.context_length"] == 4096
+    assert metadata["tokenizer.chat_template"].startswith("{% for m")
+    assert "tokenizer.ggml.tokens" not in metadata  # arrays are skipped, not loaded
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"PK\x03\x04 not a model", "not a GGUF model file"),
+        (b"GGUF\x03\x00\x00\x00", "truncated"),
+        (
+            b"GGUF"
+            + (3).to_bytes(4, "little")
+            + bytes(8)
+            + (1).to_bytes(8, "little")
+            + (10**12).to_bytes(8, "little"),
+            "corrupt",
+        ),
+    ],
+)
+def test_a_file_that_is_not_a_whole_gguf_header_is_refused_clearly(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(content)
+    with pytest.raises(ModelFileError, match=message):
+        read_gguf_metadata(path)
+
+
+def _packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, sha256: str | None = None) -> PackagedModel:
+    data = tiny_model(tmp_path / "whole.gguf").read_bytes()
+    names = ["fake_model_part1", "fake_model_part2", "fake_model_part3"]
+    slice_packages(tmp_path / "site", data, names)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = PackagedModel(
+        name="tiny-test-model",
+        description="test",
+        parts=tuple(names),
+        requirements=tuple(f"{name.replace('_', '-')}==1.0" for name in names),
+        size=len(data),
+        sha256=sha256 or hashlib.sha256(data).hexdigest(),
+    )
+    monkeypatch.setattr(local_models, "PACKAGED_MODELS", (model,))
+    return model
+
+
+def test_a_packaged_model_is_joined_verified_and_then_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
+) -> None:
+    model = _packaged(tmp_path, monkeypatch)
+    first = resolve_model("local:tiny-test-model")
+    assert first.sha256 == model.sha256
+    assert hashlib.sha256(first.path.read_bytes()).hexdigest() == model.sha256
+    assert first.name == f"tiny-test-model-{model.sha256[:12]}"
+    assert first.context_length == 32768
+    modified = first.path.stat().st_mtime_ns
+    # The second resolve reuses the verified file instead of joining the slices again.
+    (tmp_path / "site" / "fake_model_part2" / "data" / "part02.bin").unlink()
+    assert resolve_model("local:tiny-test-model").path.stat().st_mtime_ns == modified
+
+
+def test_slices_that_do_not_join_into_the_pinned_file_are_refused_and_nothing_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
+) -> None:
+    _packaged(tmp_path, monkeypatch, sha256="0" * 64)
+    with pytest.raises(ModelFileError, match="refusing to serve it"):
+        resolve_model("local:tiny-test-model")
+    assert not list((cache / "models").glob("*.gguf"))
+    assert not list((cache / "models").glob("*.part*"))
+
+
+def test_a_missing_slice_package_names_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
+) -> None:
+    _packaged(tmp_path, monkeypatch)
+    import shutil
+
+    shutil.rmtree(tmp_path / "site" / "fake_model_part3")
+    with pytest.raises(ModelFileError, match=r"fake-model-part3==1.0 is missing.*\[local\]"):
+        resolve_model("local:tiny-test-model")
+
+
+def test_a_gguf_path_is_served_under_a_name_carrying_its_hash(tmp_path: Path, cache: Path) -> None:
+    path = tiny_model(tmp_path / "mine.gguf")
+    model = resolve_model(f"local:{path}")
+    assert model.path == path.resolve()
+    assert model.name == f"mine-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+    assert model.public() == {"name": model.name, "sha256": model.sha256, "bytes": path.stat().st_size}
+
+
+def test_an_unknown_model_name_lists_the_packaged_ones(cache: Path) -> None:
+    with pytest.raises(ConfigError, match=r"qwen2\.5-coder-0\.5b-instruct-q4_k_m"):
+        resolve_model("local:no-such-model")
+
+
+def test_settings_come_from_the_model_and_the_machine(tmp_path: Path, cache: Path, monkeypatch) -> None:
+    model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf', context_length=32768)}")
+    monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 4)
+    settings = plan_settings(model, parallel=2)
+    assert (settings.ctx, settings.threads, settings.parallel) == (8192, 2, 2)  # capped; cores shared
+    assert plan_settings(model, parallel=8).threads == 1  # never below one thread per slot
+    small = resolve_model(f"local:{tiny_model(tmp_path / 's.gguf', context_length=2048)}")
+    assert plan_settings(small).ctx == 2048
+    with pytest.raises(ConfigError, match="larger than the 2,048 tokens"):
+        plan_settings(small, ctx=4096)
+
+
+def test_asking_for_llama_cpp_without_a_server_says_how_to_build_one(monkeypatch, cache: Path) -> None:
+    monkeypatch.delenv("RAGSUITE_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match="ragsuite serve --local --build"):
+        resolve_engine("llama.cpp")
+
+
+def test_the_transformers_engine_without_the_extra_names_the_install_command(
+    monkeypatch, cache: Path
+) -> None:
+    monkeypatch.delenv("RAGSUITE_LLAMA_SERVER", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # an import of gguf now fails
+    with pytest.raises(MissingExtraError, match=r"\[local\]"):
+        resolve_engine("auto")
+
+
+def test_the_server_starts_serves_its_model_and_stops(tmp_path: Path, cache: Path) -> None:
+    model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf')}")
+    executable = fake_llama_server(tmp_path)
+    server = LocalServer(model, engine="llama.cpp", llama_server=executable, parallel=2, threads=1)
+    with server:
+        process = server.process
+        assert process is not None and process.poll() is None
+        with urllib.request.urlopen(f"{server.api_base}/models", timeout=10) as reply:
+            assert json.loads(reply.read())["data"][0]["id"] == model.name
+        command = server.command()
+        assert command[command.index("--ctx-size") + 1] == str(2 * 8192)  # llama-server splits it per slot
+        assert command[command.index("--parallel") + 1] == "2"
+        assert server.host == "127.0.0.1"
+    assert process.poll() is not None  # stopped when the block ended
+
+
+def test_a_server_that_exits_while_loading_reports_its_output(
+    tmp_path: Path, cache: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("FAKE_EXIT", "1")
+    model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf')}")
+    server = LocalServer(model, engine="llama.cpp", llama_server=fake_llama_server(tmp_path))
+    with pytest.raises(LocalServerError, match=r"exited with code 3(.|\n)*failed to load model"):
+        server.start()
+    assert server.process is None
+
+
+def test_lm_local_talks_to_the_server_and_records_the_model_not_the_port(
+    tmp_path: Path, cache: Path, monkeypatch
+) -> None:
+    import dspy
+
+    from ragsuite.lm import build_lm, parse_lm_spec
+    from ragsuite.local_lm.server import stop_shared_servers
+
+    monkeypatch.setenv("RAGSUITE_LLAMA_SERVER", str(fake_llama_server(tmp_path)))
+    path = tiny_model(tmp_path / "m.gguf")
+    try:
+        parsed = parse_lm_spec(f"local:{path}", local_options={"engine": "auto"})
+        lm = build_lm(f"local:{path}", local_options={"engine": "auto"}, cache=False)
+        assert parsed.api_base == lm.kwargs["api_base"]  # one server for both calls
+        public = parsed.public()
+        assert public["engine"] == "llama.cpp"
+        assert public["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert public["api_base"] is None and str(parsed.api_base).split(":")[-1] not in json.dumps(public)
+        assert lm.cache_scope == f"local:{public['sha256']}:llama.cpp"
+
+        class QA(dspy.Signature):
+            question: str = dspy.InputField()
+            answer: str = dspy.OutputField()
+
+        with dspy.context(lm=lm):
+            assert dspy.Predict(QA)(question="Capital of France?").answer == "Paris"
+    finally:
+        stop_shared_servers()
+
+
+def test_a_running_local_server_is_reused_by_api_base_and_must_serve_the_same_file(
+    tmp_path: Path, cache: Path
+) -> None:
+    from ragsuite.lm import parse_lm_spec
+    from ragsuite.local_lm import LocalServerError as Error
+
+    path = tiny_model(tmp_path / "m.gguf")
+    other = write_gguf(tmp_path / "other.gguf", {"general.architecture": "llama"})
+    model = resolve_model(f"local:{path}")
+    with LocalServer(model, engine="llama.cpp", llama_server=fake_llama_server(tmp_path)) as server:
+        parsed = parse_lm_spec(f"local:{path}", api_base=server.api_base)
+        assert parsed.api_base == server.api_base and parsed.local is not None
+        assert parsed.local.engine == "llama.cpp"
+        with pytest.raises(Error, match=r"not other-"):
+            parse_lm_spec(f"local:{other}", api_base=server.api_base)
+
+
+def test_serve_local_list_shows_what_is_installed(capsys: pytest.CaptureFixture[str]) -> None:
+    from ragsuite.cli import main
+
+    assert main(["serve", "--local", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen2.5-coder-0.5b-instruct-q4_k_m" in out
+    assert ("installed" in out) and os.linesep in out
