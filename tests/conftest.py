@@ -12,6 +12,14 @@ _TMP = Path(tempfile.mkdtemp(prefix="ragsuite-tests-"))
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 # DSPy reads DSPY_CACHEDIR at import time; keep its disk cache out of the home directory.
 os.environ["DSPY_CACHEDIR"] = str(_TMP / "dspy_cache")
+# A llama-server built by `ragsuite serve --local --build` (the real-LM tests' fast engine) lives in the
+# user's cache, which the tests replace by a temporary one: name it before that happens.
+if not os.environ.get("RAGSUITE_LLAMA_SERVER"):
+    from ragsuite.local_lm.build import built_llama_server  # imports neither dspy nor torch
+
+    _built = built_llama_server()
+    if _built is not None:
+        os.environ["RAGSUITE_LLAMA_SERVER"] = str(_built)
 os.environ.setdefault("RAGSUITE_CACHE", str(_TMP / "ragsuite_cache"))
 # The committed fixtures (a slice of every dataset, cut by tests/fixtures/make_fixtures.py): a fresh clone has
 # no other data, so no test may depend on any.

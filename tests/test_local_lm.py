@@ -149,7 +149,7 @@ def test_the_transformers_engine_without_the_extra_names_the_install_command(
     monkeypatch.delenv("RAGSUITE_LLAMA_SERVER", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setitem(sys.modules, "gguf", None)  # an import of gguf now fails
-    with pytest.raises(MissingExtraError, match=r"\[local\]"):
+    with pytest.raises(MissingExtraError, match=r"serve --local --build(.|\n)*\[local-hf\]"):
         resolve_engine("auto")
 
 

@@ -175,6 +175,7 @@ async def arun_example(
         passage_ids=passage_ids,
         gold_passage_ids=gold,
         stats=dict(prediction.get("stats") or {}),
+        stage_calls=dict(prediction.get("stage_calls") or {}),
         trace=list(prediction.get("trace") or []),
     )
     return record

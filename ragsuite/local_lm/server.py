@@ -10,8 +10,8 @@ talks to vLLM:
     ``<cache>/llama.cpp``. The fast path: use it wherever it can be built.
 ``transformers``
     :mod:`ragsuite.local_lm.hf_server`, which loads the GGUF file with transformers (dequantized to float32)
-    and installs from wheels alone (``pip install -e '.[local]'``). Slower to start and per token; one
-    request at a time.
+    and installs from wheels alone (``pip install -e '.[local-hf]'``, with torch). Slower to start and per
+    token; one request at a time.
 
 ``auto`` takes llama.cpp when a ``llama-server`` is found, else transformers.
 
@@ -139,7 +139,7 @@ def resolve_engine(
 
     Raises:
         ConfigError: an unknown engine, or llama.cpp asked for with no ``llama-server`` to be found.
-        MissingExtraError: transformers asked for (or chosen by auto) without the ``local`` extra.
+        MissingExtraError: transformers asked for (or chosen by auto) without the ``local-hf`` extra.
     """
     if engine not in ENGINES:
         raise ConfigError(f"--local-engine must be one of {', '.join(ENGINES)}, not {engine!r}")
@@ -156,13 +156,13 @@ def resolve_engine(
 
     for module in ("torch", "transformers", "gguf"):
         try:
-            require(module, extra="local", feature="the local LM (transformers engine)")
+            require(module, extra="local-hf", feature="the local LM's transformers engine")
         except MissingExtraError as exc:
             raise MissingExtraError(
                 exc.package,
-                "local",
-                "the local LM (no llama-server found, so the transformers engine serves it; or build "
-                "llama.cpp with `ragsuite serve --local --build`)",
+                "local-hf",
+                "the local LM (no llama-server was found: build one with `ragsuite serve --local --build`, "
+                "or use the transformers engine, which",
             ) from None
     return "transformers", None
 

@@ -43,6 +43,7 @@ class RunLedger:
         steps: Retrieval-generation cycles, as the papers count them.
         trace: One dict per event, in order (``{"stage": ..., ...}``).
         fallbacks: Stages whose LM output could not be parsed, with the default that was used instead.
+        stage_calls: Stage (predictor) invocations per stage, so that fallbacks can be read as a share.
     """
 
     def __init__(self, question: str) -> None:
@@ -52,6 +53,7 @@ class RunLedger:
         self.steps = 0
         self.trace: list[dict[str, Any]] = []
         self.fallbacks: list[dict[str, Any]] = []
+        self.stage_calls: dict[str, int] = {}
         self.empty_retrievals = 0
         self._seen: dict[str, Passage] = {}
         self._lock = threading.Lock()
@@ -289,6 +291,8 @@ class RAGProgram(dspy.Module):
         propagates. LM transport errors (timeouts, 429/5xx after retries) always propagate.
         """
         ledger.count_lm_call()
+        with ledger._lock:
+            ledger.stage_calls[stage] = ledger.stage_calls.get(stage, 0) + 1
         try:
             return await invoke(predictor, **inputs)
         except AdapterParseError as exc:
@@ -355,12 +359,14 @@ class RAGProgram(dspy.Module):
     def finish(
         self, ledger: RunLedger, answer: str, passages: Sequence[Passage], **extra: Any
     ) -> dspy.Prediction:
-        """Package the run: ``answer``, ``trace``, ``passages`` (the evidence used) and ``stats``."""
+        """Package the run: ``answer``, ``trace``, ``passages`` (the evidence used), ``stats`` and
+        ``stage_calls``."""
         return dspy.Prediction(
             answer=answer,
             trace=ledger.trace,
             passages=list(passages),
             stats=ledger.stats(),
+            stage_calls=dict(ledger.stage_calls),
             **extra,
         )
 

