@@ -11,7 +11,9 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import random
+import re
 import socket
 import tarfile
 import threading
@@ -288,7 +290,10 @@ class Server:
             self.routes[path] = data
         self.drop_after: dict[str, int] = {}
         self.ignore_range = False  # answer every GET with the whole file (200), as servers without Range do
+        self.ignore_if_range = False  # answer Range with 206 whatever If-Range says, as broken servers do
+        self.validators = True  # send ETag and Last-Modified
         self.log: list[tuple[str, str, str | None]] = []
+        self.if_range: list[str | None] = []  # the If-Range header of each GET
         self.authorization: list[str] = []  # Authorization headers received (a token must never be sent)
         server = self
 
@@ -313,14 +318,22 @@ class Server:
                 rng = self.headers.get("Range")
                 server.log.append(("GET", self.path, rng))
                 server.authorization += self.headers.get_all("Authorization") or []
+                server.if_range.append(self.headers.get("If-Range"))
                 data = server.routes.get(self.path)
                 if data is None:
                     self.send_error(404)
                     return
+                etag = server.etag(data)
                 start = int(rng.split("=")[1].rstrip("-")) if rng and not server.ignore_range else 0
+                if_range = self.headers.get("If-Range")
+                if if_range is not None and if_range != etag and not server.ignore_if_range:
+                    start = 0  # another version than the client's part: the whole file (RFC 9110 13.1.5)
                 self.send_response(206 if start else 200)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                if server.validators:
+                    self.send_header("ETag", etag)
+                    self.send_header("Last-Modified", "Mon, 02 Nov 2026 10:00:00 GMT")
                 self.send_header("Content-Length", str(len(data) - start))
                 self.end_headers()
                 body = data[start:]
@@ -335,6 +348,26 @@ class Server:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @staticmethod
+    def etag(data: bytes) -> str:
+        return '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
+
+    def replace(self, filename: str, data: bytes) -> None:
+        """Serve ``data`` as ``filename`` from now on (a Hub file's published checksum and size follow)."""
+        file = next(inp.file for s in CATALOGUE for inp in s.inputs if inp.file.filename == filename)
+        if not file.hub_repo:
+            self.routes[self.path_of(filename)] = data
+            return
+        path = f"/datasets/{file.hub_repo}/resolve/{file.hub_revision}/{file.hub_path}"
+        self.routes[path] = data
+        if "ETag" in self.hub_headers[path]:
+            self.hub_headers[path] = {"ETag": f'"{_git_sha1(data)}"'}
+        else:
+            self.hub_headers[path] = {
+                "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"',
+                "X-Linked-Size": str(len(data)),
+            }
 
     def path_of(self, filename: str) -> str:
         file = next(inp.file for s in CATALOGUE for inp in s.inputs if inp.file.filename == filename)
@@ -455,15 +488,27 @@ def test_interrupted_download_resumes_with_a_range_request_and_gives_the_same_fi
     ).read_bytes()
     assert not (resumed / ".downloads" / "psgs_w100.tsv.gz.part").exists()
 
-    # A .part left by a killed process is resumed by the next run.
+    # A .part left by a killed process is resumed by the next run, for the version its validator names.
     again = tmp_path / "again"
     (again / ".downloads").mkdir(parents=True)
     full = (clean / ".downloads" / "psgs_w100.tsv.gz").read_bytes()
     (again / ".downloads" / "psgs_w100.tsv.gz.part").write_bytes(full[:1000])
+    (again / ".downloads" / "psgs_w100.tsv.gz.part.validator").write_text(server.etag(full) + "\n")
     server.log.clear()
+    server.if_range.clear()
     dl.download(["nq"], data_dir=again, subset="none", quiet=True, catalogue=catalogue)
-    assert server.gets("psgs_w100.tsv.gz") == ["bytes=1000-"]
+    assert server.gets("psgs_w100.tsv.gz") == ["bytes=1000-"] and server.if_range == [server.etag(full)]
     assert (again / ".downloads" / "psgs_w100.tsv.gz").read_bytes() == full
+    assert not (again / ".downloads" / "psgs_w100.tsv.gz.part.validator").exists()
+
+    # A .part with no validator (an older ragsuite's) may hold another version: downloaded from byte 0.
+    older = tmp_path / "older"
+    (older / ".downloads").mkdir(parents=True)
+    (older / ".downloads" / "psgs_w100.tsv.gz.part").write_bytes(full[:1000])
+    server.log.clear()
+    dl.download(["nq"], data_dir=older, subset="none", quiet=True, catalogue=catalogue)
+    assert server.gets("psgs_w100.tsv.gz") == [None]
+    assert (older / ".downloads" / "psgs_w100.tsv.gz").read_bytes() == full
 
     # A server that ignores Range sends the whole file again: it replaces the partial one, not appends.
     server.ignore_range = True
@@ -720,3 +765,276 @@ def test_streaming_json_reader_matches_json_loads_across_chunk_boundaries(monkey
         list(readers.iter_json_stream(("c.json", io.BytesIO(as_array[: as_array.rindex(b"{", 0, cut)]))))
     with pytest.raises(DataError, match=r"d\.jsonl:2: not valid JSON"):
         list(readers.iter_json_stream(("d.jsonl", io.BytesIO(b'{"a": 1}\n{"a": \n{"a": 3}\n'))))
+
+
+# --- a file that changed on the server, and damaged or foreign files ----------------------------------
+
+
+def _same_size_versions(n: int) -> tuple[bytes, bytes]:
+    old = _json([_hotpot_record(f"h{k}", ["Ed Wood"], answer="old") for k in range(n)])
+    new = _json([_hotpot_record(f"h{k}", ["Ed Wood"], answer="new") for k in range(n)])
+    assert len(old) == len(new)
+    return old, new
+
+
+def test_a_part_of_an_older_version_is_downloaded_again_not_spliced(server, tmp_path, monkeypatch):
+    # The first run stops halfway through the old version (one attempt: as if the process was killed).
+    monkeypatch.setattr(dl, "_ATTEMPTS", 1)
+    catalogue = fixture_catalogue({("hotpotqa", "dev"): {"expected_rows": 40}})
+    old, new = _same_size_versions(40)
+    path = server.path_of("hotpot_dev_distractor_v1.json")
+    server.routes[path] = old
+    server.drop_after[path] = len(old) // 2
+    args = {"subset": "dev", "corpus": "none", "quiet": True, "catalogue": catalogue}
+    with pytest.raises(DataError, match=r"interrupted 1 times.*partial file .* is kept"):
+        dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+    part = tmp_path / ".downloads" / "hotpot_dev_distractor_v1.json.part"
+    assert part.stat().st_size == len(old) // 2
+
+    # The file changes on the server: the resumed request names the old version, the server sends the new
+    # one whole, and every installed row is from it (spliced, half of them would be "old").
+    server.routes[path] = new
+    server.log.clear()
+    server.if_range.clear()
+    dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+    assert server.gets("hotpot_dev_distractor_v1.json") == [f"bytes={len(old) // 2}-"]
+    assert server.if_range == [server.etag(old)]
+    assert (tmp_path / ".downloads" / "hotpot_dev_distractor_v1.json").read_bytes() == new
+    assert {ex.answers[0] for ex in load_dataset("hotpotqa", data_dir=tmp_path)} == {"new"}
+
+
+def test_a_server_that_ignores_if_range_or_names_no_version_is_not_spliced(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(dl, "_ATTEMPTS", 1)
+    catalogue = fixture_catalogue({("hotpotqa", "dev"): {"expected_rows": 40}})
+    args = {"subset": "dev", "corpus": "none", "quiet": True, "catalogue": catalogue}
+    old, new = _same_size_versions(40)
+    path = server.path_of("hotpot_dev_distractor_v1.json")
+
+    # It answers 206 with the new version's ETag: the part is dropped and the next attempt starts over.
+    server.routes[path] = old
+    server.drop_after[path] = len(old) // 2
+    with pytest.raises(DataError, match="interrupted"):
+        dl.download(["hotpotqa"], data_dir=tmp_path / "a", **args)
+    server.routes[path] = new
+    server.ignore_if_range = True
+    monkeypatch.setattr(dl, "_ATTEMPTS", 2)
+    server.log.clear()
+    dl.download(["hotpotqa"], data_dir=tmp_path / "a", **args)
+    assert server.gets("hotpot_dev_distractor_v1.json") == [f"bytes={len(old) // 2}-", None]
+    assert {ex.answers[0] for ex in load_dataset("hotpotqa", data_dir=tmp_path / "a")} == {"new"}
+
+    # It sends neither ETag nor Last-Modified: nothing to send If-Range with, so no Range either.
+    monkeypatch.setattr(dl, "_ATTEMPTS", 1)
+    server.validators = False
+    server.routes[path] = old
+    server.drop_after[path] = len(old) // 2
+    with pytest.raises(DataError, match="interrupted"):
+        dl.download(["hotpotqa"], data_dir=tmp_path / "b", **args)
+    assert not (tmp_path / "b" / ".downloads" / "hotpot_dev_distractor_v1.json.part.validator").exists()
+    server.routes[path] = new
+    server.log.clear()
+    dl.download(["hotpotqa"], data_dir=tmp_path / "b", **args)
+    assert server.gets("hotpot_dev_distractor_v1.json") == [None]
+    assert {ex.answers[0] for ex in load_dataset("hotpotqa", data_dir=tmp_path / "b")} == {"new"}
+
+
+def test_a_file_without_checksum_that_does_not_convert_is_deleted_not_reused(server, tmp_path):
+    catalogue = fixture_catalogue()
+    args = {"subset": "dev", "corpus": "none", "quiet": True, "catalogue": catalogue}
+    good = server.routes[server.path_of("hotpot_dev_distractor_v1.json")]
+    server.replace("hotpot_dev_distractor_v1.json", b"<html><body>Too many requests</body></html>\n")
+    with pytest.raises(DataError) as caught:
+        dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+    message = str(caught.value)
+    assert "hotpot_dev_distractor_v1.json:1: not valid JSON" in message
+    assert "hotpot_dev_distractor_v1.json had no published checksum and could not be converted" in message
+    assert "it was deleted: run the command again" in message
+    assert list((tmp_path / ".downloads").iterdir()) == []  # neither the final name nor a leftover
+
+    # The host serves the real file again: the next run downloads it (a reused bad file would fail again).
+    server.replace("hotpot_dev_distractor_v1.json", good)
+    server.log.clear()
+    dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+    assert server.gets("hotpot_dev_distractor_v1.json") == [None]
+    assert [ex.id for ex in load_dataset("hotpotqa", data_dir=tmp_path)] == ["h1", "h2"]
+    assert sorted(p.name for p in (tmp_path / ".downloads").iterdir()) == ["hotpot_dev_distractor_v1.json"]
+
+    # A complete download whose conversion was killed is converted by the next run, then promoted.
+    again = tmp_path / "again"
+    (again / ".downloads").mkdir(parents=True)
+    (again / ".downloads" / "unverified").mkdir()
+    (again / ".downloads" / "unverified" / "hotpot_dev_distractor_v1.json").write_bytes(good)
+    server.log.clear()
+    dl.download(["hotpotqa"], data_dir=again, **args)
+    assert server.log == []
+    assert sorted(p.name for p in (again / ".downloads").iterdir()) == ["hotpot_dev_distractor_v1.json"]
+
+
+def _flip(data: bytes, old: bytes, new: bytes) -> bytes:
+    """``data`` with the last ``old`` replaced by ``new`` (same length: offsets in an archive hold)."""
+    assert len(old) == len(new) and old in data
+    at = data.rindex(old)
+    return data[:at] + new + data[at + len(old) :]
+
+
+def _damaged() -> dict[str, tuple[list[str], str, bytes, str]]:
+    """case -> (download arguments, remote filename, damaged bytes, what the one-line error must say)."""
+    files = _fixture_files()
+    tsv = gzip.decompress(files["psgs_w100.tsv.gz"])
+    hotpot = files["hotpot_dev_distractor_v1.json"]
+    return {
+        "not gzip (BadGzipFile)": (
+            ["nq", "--subset", "none"],
+            "psgs_w100.tsv.gz",
+            b"<html>quota exceeded</html>",
+            r"psgs_w100\.tsv\.gz: cannot be read \(BadGzipFile",
+        ),
+        "truncated gzip (EOFError)": (
+            ["nq", "--subset", "none"],
+            "psgs_w100.tsv.gz",
+            files["psgs_w100.tsv.gz"][: len(files["psgs_w100.tsv.gz"]) // 2],
+            r"psgs_w100\.tsv\.gz: cannot be read \(EOFError: .*\(the file is truncated\)",
+        ),
+        "invalid UTF-8 in a TSV (UnicodeDecodeError)": (
+            ["nq", "--subset", "none"],
+            "psgs_w100.tsv.gz",
+            gzip.compress(tsv.replace(b"Title 7\n", b"Title \xff\n", 1)),
+            r"psgs_w100\.tsv\.gz: after line \d+: byte 0xff is not valid UTF-8",
+        ),
+        "a field over csv's limit": (
+            ["nq", "--subset", "none"],
+            "psgs_w100.tsv.gz",
+            gzip.compress(tsv.replace(b"\tTitle 7\n", b"\tTitle " + b"7" * 140_000 + b"\n", 1)),
+            r"psgs_w100\.tsv\.gz:\d+: field larger than field limit .*unbalanced",
+        ),
+        "invalid UTF-8 in JSON (UnicodeDecodeError)": (
+            ["hotpotqa", "--subset", "dev", "--corpus", "none"],
+            "hotpot_dev_distractor_v1.json",
+            _flip(hotpot, b"Kiss and Tell", b"Kiss \xe9nd Tell"),
+            r"hotpot_dev_distractor_v1\.json\[0\]: byte 0xe9 is not valid UTF-8",
+        ),
+        "a 5000-digit number (ValueError)": (
+            ["hotpotqa", "--subset", "dev", "--corpus", "none"],
+            "hotpot_dev_distractor_v1.json",
+            hotpot.replace(b'"type": "comparison"', b'"type": ' + b"9" * 5000, 1),
+            r"hotpot_dev_distractor_v1\.json\[0\]: not valid JSON \(ValueError: Exceeds the limit",
+        ),
+        "an unpaired surrogate escape": (
+            ["hotpotqa", "--subset", "dev", "--corpus", "none"],
+            "hotpot_dev_distractor_v1.json",
+            hotpot.replace(b"Question h2?", b"Question \\ud800?", 1),
+            r"hotpot_dev_distractor_v1\.json\[1\]: the escape \\ud800 is half of a UTF-16 surrogate pair",
+        ),
+        "UTF-16": (
+            ["hotpotqa", "--subset", "dev", "--corpus", "none"],
+            "hotpot_dev_distractor_v1.json",
+            hotpot.decode().encode("utf-16"),
+            r"hotpot_dev_distractor_v1\.json: the file is UTF-16 or UTF-32 encoded",
+        ),
+        "a bad CRC in a zip member (BadZipFile)": (
+            ["musique", "--corpus", "none"],
+            "ircot_processed_data.zip",
+            _flip(files["ircot_processed_data.zip"], b"Shirley Temple was", b"Shirley Temple wax"),
+            r"ircot_processed_data\.zip!processed_data/musique/test_subsampled\.jsonl: cannot be read "
+            r"\(BadZipFile: Bad CRC-32",
+        ),
+        "a zip cut short (BadZipFile)": (
+            ["musique", "--corpus", "none"],
+            "ircot_processed_data.zip",
+            files["ircot_processed_data.zip"][:-30],
+            r"ircot_processed_data\.zip",
+        ),
+        "a bz2 member with bad data": (
+            ["hotpotqa", "--subset", "none"],
+            "enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2",
+            _tar({"x/AA/wiki_00.bz2": b"BZh91AY&SY" + b"\x00" * 64}, "w:bz2"),
+            r"wiki_00\.bz2: cannot be read \(OSError: Invalid data stream",
+        ),
+        "not a tar": (
+            ["hotpotqa", "--subset", "none"],
+            "enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2",
+            b"<html>moved</html>",
+            r"abstracts\.tar\.bz2: neither a zip nor a tar archive",
+        ),
+        "a tar cut short": (
+            ["hotpotqa", "--subset", "none"],
+            "enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2",
+            files["enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2"][:200],
+            r"abstracts\.tar\.bz2",
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_damaged()))
+def test_a_damaged_or_foreign_file_is_one_error_line_exit_2_and_deleted(
+    server, tmp_path, monkeypatch, capsys, case
+):
+    monkeypatch.setattr(dl, "CATALOGUE", fixture_catalogue())
+    argv, filename, data, expected = _damaged()[case]
+    server.replace(filename, data)
+    code = main(["data", "download", *argv, "--data-dir", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert re.search(expected, err), err
+    # No published checksum: the file is deleted and the message says so; nothing is installed.
+    assert f"{filename} had no published checksum" in err and "it was deleted" in err
+    assert list((tmp_path / ".downloads").iterdir()) == []
+    assert not any(p.suffix == ".jsonl" for p in tmp_path.rglob("*") if not p.is_symlink())
+
+
+def test_a_hub_file_that_matches_its_checksum_but_does_not_convert_is_kept(server, tmp_path, capsys):
+    catalogue = fixture_catalogue()
+    server.replace("ALCE-data.tar", _tar({"ALCE-data/asqa_eval_gtr_top100.json": b'[{"sample_id": \xff}]'}))
+    with pytest.raises(DataError) as caught:
+        dl.download(["asqa"], data_dir=tmp_path, corpus="none", quiet=True, catalogue=catalogue)
+    message = str(caught.value)
+    assert "asqa_eval_gtr_top100.json[0]: byte 0xff is not valid UTF-8" in message
+    assert "ALCE-data.tar is kept (it matched its published checksum" in message
+    assert (tmp_path / ".downloads" / "ALCE-data.tar").is_file()
+
+
+def test_a_hub_reply_of_size_0_is_one_error_line(server, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(dl, "CATALOGUE", fixture_catalogue())
+    server.replace("flashrag_nq_test.jsonl", b"")
+    code = main(["data", "download", "nq", "--corpus", "none", "--data-dir", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "gives its size as 0 bytes: that is not the published file. Check HF_ENDPOINT" in err
+
+
+@pytest.mark.parametrize("name", [s for s in CATALOGUE.datasets()])
+def test_offline_every_source_fails_with_one_line_and_exit_2(tmp_path, monkeypatch, capsys, caplog, name):
+    import time
+
+    # huggingface_hub retries a refused connection 5 times, sleeping 1+2+4+8+8 s: the retries still happen.
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    monkeypatch.setenv("RAGSUITE_MIRROR", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    code = main(["data", "download", name, "--data-dir", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert re.search(r"cannot reach|could not read the Hugging Face Hub's metadata", err), err
+    # Nothing else reaches the log either (huggingface_hub warns once per retry: a dozen lines offline).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_hub_client_errors_of_any_http_library_are_one_line(server, tmp_path, monkeypatch, capsys):
+    import httpx
+    import huggingface_hub
+
+    # huggingface_hub >= 1.0 raises httpx errors, which are not OSError.
+    def offline(url, **kwargs):
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", offline)
+    monkeypatch.setattr(dl, "CATALOGUE", fixture_catalogue())
+    for name in ("nq", "asqa", "triviaqa"):
+        code = main(["data", "download", name, "--corpus", "none", "--data-dir", str(tmp_path), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "could not read the Hugging Face Hub's metadata" in err and "Connection refused" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from pathlib import Path
@@ -420,3 +421,121 @@ def test_cli_convert_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         main(["data", "convert", "--format", "nq", str(bad), str(out), "--paragraphs", str(paragraphs)]) == 2
     )
     assert "--paragraphs applies to --format strategyqa only" in capsys.readouterr().err
+
+
+# --- encodings and sizes: one error line naming file and record, never a traceback ------------------------
+
+
+def _convert_cli(fmt: str, path: Path, out: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(["data", "convert", "--format", fmt, str(path), str(out)])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        (
+            "jsonl invalid utf-8",
+            r"musique\.jsonl:2: byte 0xe9 is not valid UTF-8; .*re-save the file as UTF-8",
+        ),
+        ("json invalid utf-8", r"hotpot\.json:\d+: byte 0xff is not valid UTF-8"),
+        ("jsonl utf-16", r"musique\.jsonl: the file is UTF-16 or UTF-32 encoded; .*iconv -f UTF-16"),
+        ("json utf-16 without bom", r"hotpot\.json: the file is UTF-16 or UTF-32 encoded"),
+        ("jsonl lone surrogate", r"musique\.jsonl:1: the escape \\ud800 is half of a UTF-16 surrogate pair"),
+        ("json lone surrogate", r"hotpot\.json\[1\]: the escape \\udc00 is half of a UTF-16 surrogate pair"),
+    ],
+)
+def test_cli_convert_refuses_bad_encodings_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, expected: str
+) -> None:
+    musique = "".join(json.dumps(r) + "\n" for r in MUSIQUE)
+    hotpot = json.dumps(HOTPOT, indent=1)
+    if case == "jsonl invalid utf-8":
+        path, fmt = tmp_path / "musique.jsonl", "musique"
+        lines = musique.encode().split(b"\n")
+        path.write_bytes(b"\n".join([lines[0], lines[1].replace(b"Kansas", b"K\xe9nsas", 1), *lines[2:]]))
+    elif case == "json invalid utf-8":
+        path, fmt = tmp_path / "hotpot.json", "hotpotqa"
+        path.write_bytes(hotpot.encode().replace(b"Toto is", b"Toto \xff", 1))
+    elif case == "jsonl utf-16":
+        path, fmt = tmp_path / "musique.jsonl", "musique"
+        path.write_bytes(musique.encode("utf-16"))
+    elif case == "json utf-16 without bom":
+        path, fmt = tmp_path / "hotpot.json", "hotpotqa"
+        path.write_bytes(hotpot.encode("utf-16-le"))
+    elif case == "jsonl lone surrogate":
+        path, fmt = tmp_path / "musique.jsonl", "musique"
+        path.write_text(musique.replace("Kansas", "Kansas \\ud800", 1), encoding="utf-8")
+    else:
+        path, fmt = tmp_path / "hotpot.json", "hotpotqa"
+        path.write_text(hotpot.replace("Is Toto American?", "Is Toto \\udc00?"), encoding="utf-8")
+    out = tmp_path / "out"
+    code, err = _convert_cli(fmt, path, out, capsys)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert re.search(expected, err), err
+    assert not out.exists()  # nothing written
+
+
+def test_a_utf8_byte_order_mark_and_valid_surrogate_pairs_are_read(tmp_path: Path) -> None:
+    lines = "".join(json.dumps(r) + "\n" for r in MUSIQUE).replace("Kansas", "Kansas \\ud83d\\ude00", 1)
+    jsonl = tmp_path / "musique.jsonl"
+    jsonl.write_bytes(b"\xef\xbb\xbf" + lines.encode())
+    data = read("musique", jsonl)
+    assert any("Kansas \U0001f600" in p.text or "Kansas \U0001f600" in p.title for p in data.passages)
+    array = tmp_path / "hotpot.json"
+    array.write_bytes(b"\xef\xbb\xbf" + json.dumps(HOTPOT).encode())
+    assert len(read("hotpotqa", array).rows) == 2
+
+
+def test_a_record_above_the_size_limit_is_refused_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragsuite.data import readers
+
+    assert readers.MAX_RECORD_CHARS == 64 << 20  # the documented limit
+    monkeypatch.setattr(readers, "MAX_RECORD_CHARS", 5000)
+    monkeypatch.setattr(readers, "_CHUNK", 1024)  # the long line spans chunks
+    path = tmp_path / "musique.jsonl"
+    huge = {**MUSIQUE[0], "question": "x" * 6000}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [MUSIQUE[0], huge, MUSIQUE[0]]), encoding="utf-8")
+    with pytest.raises(DataError, match=r"musique\.jsonl:2: a record longer than 5,000 characters"):
+        read("musique", path)
+    path.write_text(json.dumps(huge), encoding="utf-8")  # the first line, no newline at all
+    with pytest.raises(DataError, match=r"musique\.jsonl:1: a record longer than 5,000 characters"):
+        read("musique", path)
+    # One item of a streamed JSON array.
+    stream = io.BytesIO(json.dumps([HOTPOT[0], {**HOTPOT[1], "question": "y" * 6000}]).encode())
+    with pytest.raises(DataError, match=r"a\.json\[1\]: a record longer than 5,000 characters"):
+        list(readers.iter_json_stream(("a.json", stream)))
+    # Below the limit, the same lines are read.
+    monkeypatch.setattr(readers, "MAX_RECORD_CHARS", 7000)
+    assert len(read("musique", tmp_path / "musique.jsonl").rows) == 1
+
+
+def test_a_long_line_costs_about_twice_its_size_to_read() -> None:
+    import tracemalloc
+
+    from ragsuite.data.readers import iter_json_stream
+
+    size = 8 << 20  # two read chunks
+    data = json.dumps({"id": "a", "text": "x" * size}).encode() + b'\n{"id": "b"}\n'
+    tracemalloc.start()
+    try:
+        ids = [record["id"] for _, record in iter_json_stream(("big.jsonl", io.BytesIO(data)))]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ids == ["a", "b"]
+    assert peak < 4 * size, f"{peak / size:.1f}x the line's size"  # ujson alone took 6x, the reader 9x
+
+
+def test_a_tsv_field_over_csvs_limit_names_the_line(tmp_path: Path) -> None:
+    from ragsuite.data.readers import stream_dpr_tsv
+
+    text = "id\ttext\ttitle\n1\tA passage.\tA\n2\t" + "w " * 70_000 + "\tB\n3\tC.\tC\n"
+    with pytest.raises(DataError, match=r"psgs\.tsv:3: field larger than field limit \(131072\)"):
+        list(stream_dpr_tsv([[("psgs.tsv", io.BytesIO(text.encode()))]]))
+    bad = "id\ttext\ttitle\n1\tA passage.\tA\n2\tB \xe9\tB\n".encode("latin-1")
+    with pytest.raises(DataError, match=r"psgs\.tsv: after line \d+: byte 0xe9 is not valid UTF-8"):
+        list(stream_dpr_tsv([[("psgs.tsv", io.BytesIO(bad))]]))

@@ -45,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Download a dataset's questions and corpus from their public sources, verify them against the "
             "published checksum or size, and convert them by streaming to DATA_DIR/<name>/{dev,test}.jsonl "
-            "and corpus.jsonl. Interrupted downloads resume. Official hosts are reached through "
+            "and corpus.jsonl. Interrupted downloads resume, with If-Range: a file changed on the server "
+            "since is downloaded again, never spliced. A file with no published checksum is kept once it has "
+            "been converted, and deleted if it cannot be (docs/data.md). Official hosts are reached through "
             "$RAGSUITE_MIRROR=http://host:port when set (GET /<host>/<path>), the Hugging Face Hub through "
             "$HF_ENDPOINT."
         ),

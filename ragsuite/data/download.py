@@ -1,11 +1,22 @@
 """Download, verify and convert the catalogue's sources (``ragsuite data download``).
 
 Each remote file is fetched into ``<data dir>/.downloads/<filename>.part`` with HTTP Range requests, so an
-interrupted transfer (a dropped connection, or a killed process) resumes where it stopped. Only a verified
-file is renamed to ``<filename>``: a file there is complete and is not fetched again. A checksum or size
-mismatch deletes the partial file. Conversion streams the file (archive members included) row by row into
-``<data dir>/<dataset>/<split>.jsonl`` or ``corpus.jsonl``, written atomically: a malformed source, or a row
-count other than the one the source must have, leaves the previous file (or none) in place.
+interrupted transfer (a dropped connection, or a killed process) resumes where it stopped. The version of the
+file the part holds (the server's strong ``ETag``, else its ``Last-Modified``) is stored beside it in
+``<filename>.part.validator`` and sent as ``If-Range``: a file changed on the server since is downloaded again
+from byte 0, never spliced onto the old bytes. A part without a validator (the server sent none) is never
+resumed. A checksum or size mismatch deletes the partial file.
+
+A file that matches a published checksum is renamed to ``<filename>`` at once. A file with no published
+checksum is kept as ``.downloads/unverified/<filename>`` until it has been converted: only then is it moved to
+``<filename>``; if it cannot be converted it is deleted, and the error says so. A file at ``<filename>`` is
+complete and is not fetched again.
+
+Conversion streams the file (archive members included) row by row into ``<data dir>/<dataset>/<split>.jsonl``
+or ``corpus.jsonl``, written atomically: a malformed or undecodable source (bad gzip/bz2/zip/tar data,
+invalid UTF-8, a record above :data:`~ragsuite.data.readers.MAX_RECORD_CHARS`), or a row count other than the
+one the source must have, raises :class:`~ragsuite.errors.DataError` and leaves the previous file (or none)
+in place.
 
 Where requests go:
     * Hugging Face Hub files: ``$HF_ENDPOINT`` (default ``https://huggingface.co``), through
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import csv
 import fnmatch
 import gzip
 import hashlib
@@ -36,6 +48,7 @@ import tarfile
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +97,28 @@ class Installed:
     skipped: bool = False
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """A downloaded file and whether its bytes are known to be the published ones.
+
+    Attributes:
+        path: The file to convert.
+        confirmed: It matched a published checksum, or was converted before (``<filename>``); ``False`` for
+            ``unverified/<filename>``, which only a successful conversion promotes.
+    """
+
+    path: Path
+    confirmed: bool
+
+
 class _Interrupted(Exception):
     """The connection dropped mid-body: the next attempt resumes with a Range request."""
+
+
+UNVERIFIED = "unverified"
+"""Folder (in ``.downloads``) of complete downloads with no published checksum, until they are converted."""
+VALIDATOR = ".validator"
+"""Suffix (after ``.part``) of the file holding the ``If-Range`` validator of a partial download."""
 
 
 def _progress(quiet: bool, **options: Any):
@@ -133,12 +166,21 @@ def resolve(file: RemoteFile) -> tuple[str, Expected]:
         file.hub_repo, file.hub_path, repo_type="dataset", revision=file.hub_revision, endpoint=endpoint
     )
     try:
-        meta = get_hf_file_metadata(url, token=False, endpoint=endpoint)
-    except OSError as exc:
+        with _quiet_hub_retries():
+            meta = get_hf_file_metadata(url, token=False, endpoint=endpoint)
+    except _hub_errors() as exc:
+        # huggingface_hub raises httpx (>= 1.0) or requests (< 1.0) errors: one line either way.
+        reason = " ".join(str(exc).split()) or type(exc).__name__
         raise DataError(
             f"could not read the Hugging Face Hub's metadata for {file.hub_repo}/{file.hub_path} "
-            f"({redact(url)}): {exc}. Check the network, or set HF_ENDPOINT to a reachable Hub mirror."
+            f"({redact(url)}): {reason}. Check the network, or set HF_ENDPOINT to a reachable Hub mirror."
         ) from None
+    if not meta.size:
+        raise DataError(
+            f"the Hugging Face Hub's metadata for {file.hub_repo}/{file.hub_path} ({redact(url)}) gives its "
+            f"size as {meta.size!r} bytes: that is not the published file. Check HF_ENDPOINT (it must be a "
+            "Hub or a mirror that serves the file) and run the command again"
+        )
     etag = (meta.etag or "").lower()
     return url, Expected(
         sha256=file.sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None),
@@ -147,11 +189,43 @@ def resolve(file: RemoteFile) -> tuple[str, Expected]:
     )
 
 
+@contextlib.contextmanager
+def _quiet_hub_retries() -> Iterator[None]:
+    """Keep huggingface_hub's per-retry warnings (a dozen lines when offline) off stderr: the outcome is
+    reported once, as a :class:`DataError`."""
+    hub_http = logging.getLogger("huggingface_hub.utils._http")
+    level = hub_http.level
+    hub_http.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        hub_http.setLevel(level)
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """What ``get_hf_file_metadata`` raises for an unreachable or misbehaving endpoint."""
+    errors: list[type[BaseException]] = [OSError, ValueError]
+    with contextlib.suppress(ImportError):
+        import httpx
+
+        errors.append(httpx.HTTPError)
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.errors import HfHubHTTPError
+
+        errors.append(HfHubHTTPError)
+    return tuple(errors)
+
+
 # --- fetching ------------------------------------------------------------------------------------------
 
 
-def fetch(file: RemoteFile, downloads: Path, *, quiet: bool = False) -> Path:
-    """Download ``file`` into ``downloads`` (resuming a ``.part`` file), verify it and return its path.
+def fetch(file: RemoteFile, downloads: Path, *, quiet: bool = False) -> Fetched:
+    """Download ``file`` into ``downloads`` (resuming a ``.part`` file of the same version) and verify it.
+
+    Returns:
+        ``<filename>`` (confirmed) when it matched a published checksum or is already installed, else
+        ``unverified/<filename>``, for the caller to promote with :func:`promote` once it has been
+        converted, or delete.
 
     Raises:
         DataError: HTTP error, unreachable host, repeated drops (the partial file is kept for the next
@@ -159,7 +233,10 @@ def fetch(file: RemoteFile, downloads: Path, *, quiet: bool = False) -> Path:
     """
     dest = downloads / file.filename
     if dest.is_file():
-        return dest  # only a verified file is ever renamed to this name
+        return Fetched(dest, confirmed=True)  # only a checksum-verified or converted file has this name
+    pending = downloads / UNVERIFIED / file.filename
+    if pending.is_file():
+        return Fetched(pending, confirmed=False)  # complete, not yet converted (e.g. a killed conversion)
     downloads.mkdir(parents=True, exist_ok=True)
     url, expected = resolve(file)
     part = dest.with_name(dest.name + ".part")
@@ -176,26 +253,71 @@ def fetch(file: RemoteFile, downloads: Path, *, quiet: bool = False) -> Path:
             f"downloading {file.filename} from {redact(url)} was interrupted {_ATTEMPTS} times ({last}); "
             f"the partial file {part} is kept: run the command again to resume"
         )
-    _verify(part, expected, file)
-    part.replace(dest)
-    return dest
+    checked = _verify(part, expected, file)
+    target = dest if checked else pending
+    target.parent.mkdir(exist_ok=True)
+    part.replace(target)
+    _validator_file(part).unlink(missing_ok=True)
+    return Fetched(target, confirmed=checked)
+
+
+def promote(fetched: Fetched) -> Path:
+    """Move a converted ``unverified/<filename>`` to ``<filename>``, so later runs reuse it."""
+    if fetched.confirmed:
+        return fetched.path
+    final = fetched.path.parent.parent / fetched.path.name
+    fetched.path.replace(final)
+    _drop_empty(fetched.path.parent)
+    return final
+
+
+def _drop_empty(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # not empty: another file awaits its conversion
+        folder.rmdir()
+
+
+def _validator_file(part: Path) -> Path:
+    return part.with_name(part.name + VALIDATOR)
+
+
+def _validator_of(response: http.client.HTTPResponse) -> str | None:
+    """The ``If-Range`` value naming the version ``response`` is of: a strong ETag, else Last-Modified."""
+    etag = (response.headers.get("ETag") or "").strip()
+    if etag and not etag.startswith("W/"):  # If-Range takes strong validators only (RFC 9110 13.1.5)
+        return etag
+    return (response.headers.get("Last-Modified") or "").strip() or None
+
+
+def _read_validator(part: Path) -> str | None:
+    try:
+        text = _validator_file(part).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    # One header value; anything else (a damaged file) cannot be sent and is not trusted.
+    return text if text and text.isprintable() else None
 
 
 def _transfer(url: str, part: Path, expected: Expected, *, quiet: bool, label: str) -> None:
     have = part.stat().st_size if part.exists() else 0
-    if expected.size is not None and have == expected.size:
+    validator = _read_validator(part) if have else None
+    if have and validator is None:
+        # Written by an older ragsuite, or the server named no version: the bytes may be of another version
+        # of the file, so they are not resumed.
+        log.info("%s: the partial file names no version of the file; downloading from byte 0", label)
+        have = 0
+    if expected.size is not None and have and have == expected.size:
         return
     if expected.size is not None and have > expected.size:
-        part.unlink()
         have = 0
     headers = {"User-Agent": f"ragsuite/{__version__}", "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
+        headers["If-Range"] = validator  # type: ignore[assignment]
     try:
         response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=_TIMEOUT_S)
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and have:
-            return  # the part already holds the whole file; verification decides
+            return  # the part already holds the whole file of this version; verification decides
         raise DataError(
             f"GET {redact(url)} failed: HTTP {exc.code} {exc.reason}. The file may have moved: see "
             f"`ragsuite data sources` for its origin, or set {MIRROR_ENV} / HF_ENDPOINT to a mirror"
@@ -207,8 +329,15 @@ def _transfer(url: str, part: Path, expected: Expected, *, quiet: bool, label: s
         ) from None
     with response:
         resumed = have > 0 and response.status == 206 and _range_start(response) == have
+        served = _validator_of(response)
+        if resumed and served is not None and served != validator:
+            # A server that ignores If-Range sent the rest of another version: start again from byte 0.
+            part.unlink(missing_ok=True)
+            _validator_file(part).unlink(missing_ok=True)
+            raise _Interrupted(f"{label} changed on the server ({validator} -> {served}); starting over")
         if not resumed:
-            have = 0  # the server sent the whole file (or a range we did not ask for): start over
+            have = 0  # the whole file (a new version, or a server without Range): it replaces the part
+            _validator_file(part).unlink(missing_ok=True)
         length = response.headers.get("Content-Length")
         total = have + int(length) if length and length.isdigit() else expected.size
         with (
@@ -217,6 +346,9 @@ def _transfer(url: str, part: Path, expected: Expected, *, quiet: bool, label: s
                 quiet, total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024, desc=label
             ) as bar,
         ):
+            if not resumed and served is not None:
+                # Written after the part was emptied: a validator always names the bytes beside it.
+                atomic_write_text(_validator_file(part), served + "\n")
             while True:
                 try:
                     block = response.read(_BLOCK)
@@ -236,8 +368,9 @@ def _range_start(response: http.client.HTTPResponse) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _verify(part: Path, expected: Expected, file: RemoteFile) -> None:
-    size = part.stat().st_size
+def _verify(part: Path, expected: Expected, file: RemoteFile) -> bool:
+    """Check ``part`` against what is published; ``True`` when a checksum confirmed it."""
+    size = part.stat().st_size if part.exists() else 0
     problems = []
     if expected.size is not None and size != expected.size:
         problems.append(f"{size} bytes, expected {expected.size}")
@@ -251,8 +384,11 @@ def _verify(part: Path, expected: Expected, file: RemoteFile) -> None:
             problems.append(f"sha256 {sha256.hexdigest()}, expected {expected.sha256}")
         if expected.git_sha1 and git_sha1.hexdigest() != expected.git_sha1:
             problems.append(f"git blob sha1 {git_sha1.hexdigest()}, expected {expected.git_sha1}")
+    if not problems and size == 0:
+        problems.append("0 bytes")
     if problems:
-        part.unlink()
+        part.unlink(missing_ok=True)
+        _validator_file(part).unlink(missing_ok=True)
         raise DataError(
             f"{file.filename} (from {file.origin}) is not the published file: {'; '.join(problems)}. "
             f"The partial download {part} was deleted; run the command again to download it afresh"
@@ -261,6 +397,7 @@ def _verify(part: Path, expected: Expected, file: RemoteFile) -> None:
         log.info(
             "%s: no checksum or size is published; checked by complete transfer and row count", part.name
         )
+    return bool(expected.sha256 or expected.git_sha1)
 
 
 # --- reading archives ----------------------------------------------------------------------------------
@@ -270,43 +407,94 @@ def open_members(path: Path, patterns: Sequence[str]) -> Iterator[Stream]:
     """The streams to convert from ``path``: the file itself (gunzipped if ``.gz``), or the members of a
     zip/tar archive matching ``patterns`` (each decompressed if ``.bz2``/``.gz``).
 
+    A stream that cannot be read (bad gzip/bz2/zip data, a truncated file) raises
+    :class:`~ragsuite.errors.DataError` naming it.
+
     Raises:
-        DataError: a pattern matches no member (the message lists some of the members).
+        DataError: a pattern matches no member (the message lists some of the members), or the archive
+            cannot be read.
     """
     if not patterns:
-        with _decompressed(path.name, path.open("rb")) as stream:
+        with _decompressed(str(path), path.name, path.open("rb")) as stream:
             yield str(path), stream
         return
     if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
+        try:
+            archive = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise DataError(f"{path}: not a readable zip archive ({_problem(exc)})") from None
+        with archive:
             names = [n for n in archive.namelist() if not n.endswith("/") and "__MACOSX" not in n]
             for pattern in patterns:
                 matched = sorted(n for n in names if fnmatch.fnmatch(n, pattern))
                 if not matched:
                     _no_member(path, pattern, names)
                 for name in matched:
-                    with _decompressed(name, archive.open(name)) as stream:
-                        yield f"{path}!{name}", stream
+                    location = f"{path}!{name}"
+                    try:
+                        member = archive.open(name)
+                    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
+                        raise DataError(f"{location}: not a readable zip member ({_problem(exc)})") from None
+                    with _decompressed(location, name, member) as stream:
+                        yield location, stream
         return
     try:
         archive = tarfile.open(path, "r|*")  # streaming: members are read in archive order, once
-    except tarfile.TarError as exc:
-        raise DataError(f"{path}: neither a zip nor a tar archive ({exc})") from None
+    except (tarfile.TarError, *_UNREADABLE) as exc:
+        raise DataError(f"{path}: neither a zip nor a tar archive ({_problem(exc)})") from None
     seen: list[str] = []
     hit = dict.fromkeys(patterns, False)
     with archive:
-        for member in archive:
+        for member in _tar_members(path, archive):
             seen.append(member.name)
             matches = [p for p in patterns if fnmatch.fnmatch(member.name, p)]
             if not member.isfile() or not matches:
                 continue
             for pattern in matches:
                 hit[pattern] = True
-            with _decompressed(member.name, _forward_only(archive.extractfile(member))) as stream:
-                yield f"{path}!{member.name}", stream
+            location = f"{path}!{member.name}"
+            raw = archive.extractfile(member)
+            assert raw is not None  # a regular file
+            # Members of a streamed tar cannot answer seekable(), which text and bz2 readers ask.
+            with _decompressed(
+                location, member.name, io.BufferedReader(_Guarded(raw, location), _BLOCK)
+            ) as stream:
+                yield location, stream
     for pattern, found in hit.items():
         if not found:
             _no_member(path, pattern, seen)
+
+
+_UNREADABLE: tuple[type[Exception], ...] = (
+    OSError,  # gzip.BadGzipFile, bz2 "Invalid data stream", a truncated file
+    EOFError,  # a compressed stream that ends early
+    zlib.error,
+    zipfile.BadZipFile,  # a bad CRC or member header
+    tarfile.TarError,
+    ValueError,  # UnicodeDecodeError, and what a damaged archive makes its readers raise
+    csv.Error,
+)
+"""What reading a damaged or foreign file raises, turned into a :class:`DataError` naming the file."""
+
+
+def _problem(exc: BaseException) -> str:
+    hint = " (the file is truncated)" if isinstance(exc, EOFError) else ""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}{hint}" if text else f"{type(exc).__name__}{hint}"
+
+
+def _tar_members(path: Path, archive: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    iterator = iter(archive)
+    while True:
+        try:
+            member = next(iterator)
+        except StopIteration:
+            return
+        except DataError:
+            raise
+        except _UNREADABLE as exc:
+            raise DataError(f"{path}: not a readable tar archive ({_problem(exc)})") from None
+        yield member
 
 
 def _no_member(path: Path, pattern: str, names: list[str]) -> None:
@@ -314,38 +502,39 @@ def _no_member(path: Path, pattern: str, names: list[str]) -> None:
     raise DataError(f"{path}: no member matches {pattern!r} (members: {shown or 'none'})")
 
 
-class _ForwardOnly(io.RawIOBase):
-    """A read-only, non-seekable view: members of a streamed tar cannot answer ``seekable()`` themselves."""
+class _Guarded(io.RawIOBase):
+    """A read-only, forward-only view of a stream whose read errors become a :class:`DataError` naming it."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: IO[bytes], location: str) -> None:
         self._raw = raw
+        self._location = location
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        data = self._raw.read(len(buffer))
+        try:
+            data = self._raw.read(len(buffer))
+        except DataError:
+            raise
+        except _UNREADABLE as exc:
+            raise DataError(f"{self._location}: cannot be read ({_problem(exc)})") from None
         buffer[: len(data)] = data
         return len(data)
 
 
-def _forward_only(raw: IO[bytes] | None) -> IO[bytes]:
-    assert raw is not None
-    return io.BufferedReader(_ForwardOnly(raw), _BLOCK)
-
-
 @contextlib.contextmanager
-def _decompressed(name: str, raw: IO[bytes] | None) -> Iterator[IO[bytes]]:
+def _decompressed(location: str, name: str, raw: IO[bytes] | None) -> Iterator[IO[bytes]]:
     assert raw is not None
     with raw:
         if name.endswith(".bz2"):
             with bz2.open(raw) as stream:
-                yield stream
+                yield io.BufferedReader(_Guarded(stream, location), _BLOCK)
         elif name.endswith(".gz"):
             with gzip.open(raw) as stream:
-                yield stream
+                yield io.BufferedReader(_Guarded(stream, location), _BLOCK)
         else:
-            yield raw
+            yield io.BufferedReader(_Guarded(raw, location), _BLOCK)
 
 
 # --- converting ----------------------------------------------------------------------------------------
@@ -361,7 +550,7 @@ def convert_source(source: Source, files: Sequence[Path], dest: Path, *, quiet: 
             source must have; ``dest`` is then left as it was.
     """
     inputs = [open_members(path, inp.members) for path, inp in zip(files, source.inputs, strict=True)]
-    rows = STREAM_CONVERTERS[source.converter](inputs)
+    rows = _readable(STREAM_CONVERTERS[source.converter](inputs), files)
     corpus = source.kind == "corpus"
     if source.sample is not None:
         every = list(rows)
@@ -389,7 +578,14 @@ def convert_source(source: Source, files: Sequence[Path], dest: Path, *, quiet: 
                     continue
                 seen.add(key)
                 row = {"id": pid, "title": title, "text": text}
-            out.write(ujson.dumps(row, ensure_ascii=False, escape_forward_slashes=False))
+            try:
+                line = ujson.dumps(row, ensure_ascii=False, escape_forward_slashes=False)
+            except (UnicodeError, OverflowError, ValueError) as exc:
+                raise DataError(
+                    f"{source.dataset} {source.name}: row {read} (id {row.get('id')!r}) of "
+                    f"{', '.join(map(str, files))} cannot be written as JSON ({_problem(exc)})"
+                ) from None
+            out.write(line)
             out.write("\n")
             written += 1
             bar.update()
@@ -398,12 +594,28 @@ def convert_source(source: Source, files: Sequence[Path], dest: Path, *, quiet: 
             noun = "passages" if corpus else "questions"
             raise DataError(
                 f"{source.dataset} {source.name}: the source holds {count} {noun}, expected "
-                f"{source.expected_rows}; it is incomplete or not the published file. Nothing was written; "
-                f"delete {', '.join(str(f) for f in files)} and run the command again"
+                f"{source.expected_rows}; it is incomplete or not the published file. Nothing was written"
             )
         if written == 0:
             raise DataError(f"{source.dataset} {source.name}: no rows found in {', '.join(map(str, files))}")
     return written
+
+
+def _readable(rows: Iterator[dict[str, Any]], files: Sequence[Path]) -> Iterator[dict[str, Any]]:
+    """``rows``, with what reading a damaged file raises turned into a :class:`DataError` naming the files.
+
+    Only the reading side is guarded: an error writing the output (a full disk) is not the source's fault.
+    """
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except DataError:
+            raise
+        except _UNREADABLE as exc:
+            raise DataError(f"{', '.join(map(str, files))}: cannot be read ({_problem(exc)})") from None
+        yield row
 
 
 # --- installing ----------------------------------------------------------------------------------------
@@ -489,8 +701,17 @@ def _install(source: Source, root: Path, *, quiet: bool, force: bool) -> Install
     if shared_done:
         rows = _shared_rows(root, source)
     else:
-        files = [fetch(inp.file, root / ".downloads", quiet=quiet) for inp in source.inputs]
-        rows = convert_source(source, files, dest, quiet=quiet)
+        fetched: dict[str, Fetched] = {}
+        for inp in source.inputs:  # a file two inputs read is fetched once
+            if inp.file.filename not in fetched:
+                fetched[inp.file.filename] = fetch(inp.file, root / ".downloads", quiet=quiet)
+        files = [fetched[inp.file.filename].path for inp in source.inputs]
+        try:
+            rows = convert_source(source, files, dest, quiet=quiet)
+        except DataError as exc:
+            raise _conversion_failed(exc, list(fetched.values())) from None
+        for item in fetched.values():
+            promote(item)
         if source.shared:
             atomic_write_text(dest.with_suffix(".rows"), f"{rows}\n")
     if source.shared:
@@ -498,6 +719,29 @@ def _install(source: Source, root: Path, *, quiet: bool, force: bool) -> Install
     manifest[source.output] = {"source": source.name, "rows": rows, "paper_subset": source.paper_subset}
     atomic_write_text(folder / MANIFEST, ujson.dumps(manifest, indent=2) + "\n")
     return Installed(source.dataset, source.name, folder / source.output, int(rows or 0))
+
+
+def _conversion_failed(exc: DataError, fetched: list[Fetched]) -> DataError:
+    """The conversion error, saying what became of the downloaded files: an unverified file is deleted
+    (it is never reused), a checksum-verified one is kept."""
+    unverified = [item.path for item in fetched if not item.confirmed]
+    for path in unverified:
+        path.unlink(missing_ok=True)
+        _drop_empty(path.parent)
+    notes = []
+    if unverified:
+        notes.append(
+            f"{', '.join(p.name for p in unverified)} had no published checksum and could not be converted, "
+            f"so it was deleted: run the command again to download it afresh; if the error persists, the "
+            f"file at its origin is not the one ragsuite expects (see `ragsuite data sources`)"
+        )
+    kept = [item.path for item in fetched if item.confirmed]
+    if kept:
+        notes.append(
+            f"{', '.join(str(p) for p in kept)} is kept (it matched its published checksum, or was converted "
+            "before); delete it and run the command again if it was changed on disk"
+        )
+    return DataError(f"{exc}. {'; '.join(notes)}" if notes else str(exc))
 
 
 def _shared_rows(root: Path, source: Source) -> int | None:

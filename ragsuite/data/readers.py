@@ -9,8 +9,11 @@ Passage ids are ``sha1(title + "\\n" + text)[:16]`` (the scheme of the shipped c
 and machines, and identical passages shared by several questions are stored once. Source ids (DPR
 ``passage_id``, ALCE doc ids) are not kept: they are not unique across the files a corpus is built from.
 
-Every reader accepts a JSON array or JSON Lines, and raises :class:`~ragsuite.errors.DataError` naming the
-file, the record (``file:line`` for JSONL, ``file[index]`` for an array) and what is wrong.
+Every reader accepts a JSON array or JSON Lines in UTF-8 (a byte-order mark is allowed), and raises
+:class:`~ragsuite.errors.DataError` naming the file, the record (``file:line`` for JSONL, ``file[index]`` for
+an array) and what is wrong: malformed JSON, bytes that are not UTF-8, a UTF-16/UTF-32 file, an unpaired
+``\\ud800``-style surrogate escape (not a character: it cannot be written as UTF-8), or a record longer than
+:data:`MAX_RECORD_CHARS` characters (such a line would cost several times its size in memory to parse).
 
 Fields read, per format:
     hotpotqa (``hotpot_dev_distractor_v1.json``): ``_id``, ``question``, ``answer``, ``type``,
@@ -54,6 +57,7 @@ import io
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +72,17 @@ from ragsuite.retrieval.base import Passage, passage_id
 log = logging.getLogger("ragsuite.data.readers")
 
 PathLike = str | os.PathLike[str]
+
+MAX_RECORD_CHARS = 64 << 20
+"""The longest record read: a JSON Lines line, or one item of a JSON array (64 Mi characters). The largest
+record of the supported releases is well under 1 MB; parsing a line costs a few times its size in memory, so
+a longer one is refused with an error instead. A file whose first line is not a whole JSON value is read as
+one JSON document (the original ASQA.json, StrategyQA's paragraphs map), whole, and is not bounded."""
+
+_RAW_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# In text decoded with errors="surrogateescape", a byte that is not UTF-8 reads as U+DC80..U+DCFF.
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# A \ud800-\udfff escape: half of a UTF-16 pair; decoded alone it is no character.
 
 
 @dataclass
@@ -125,40 +140,93 @@ def _read_records(path: PathLike) -> Iterator[tuple[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path} does not exist")
-    with path.open(encoding="utf-8") as handle:
-        head = handle.read(4096).lstrip()
-    if head.startswith("["):
-        try:
-            with path.open(encoding="utf-8") as handle:
-                data = ujson.load(handle)
-        except ValueError as exc:
-            raise DataError(f"{path}: not valid JSON ({exc})") from None
-        for index, record in enumerate(data):
-            yield f"{path}[{index}]", record
-        return
-    if head.startswith("{"):
-        # JSON Lines, unless the first line is not a whole object: then one (pretty-printed) JSON document,
-        # such as the original ASQA.json map or StrategyQA's paragraphs.
-        with path.open(encoding="utf-8") as handle:
-            first = next((line for line in handle if line.strip()), "")
-        try:
-            ujson.loads(first)
-        except ValueError:
-            try:
-                with path.open(encoding="utf-8") as handle:
-                    document = ujson.load(handle)
-            except ValueError as exc:
-                raise DataError(f"{path}: not valid JSON ({exc})") from None
-            yield str(path), document
+    with path.open("rb") as handle:
+        head = handle.read(4096)
+        _check_bytes_encoding(str(path), head)
+        if not head.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"["):
+            # JSON Lines, or one JSON document: read incrementally, each line bounded.
+            handle.seek(0)
+            yield from iter_json_stream((str(path), handle))
             return
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
+        handle.seek(0)
+        data = handle.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataError(_not_utf8(f"{path}:{line}", data[exc.start])) from None
+    del data
+    try:
+        records = _loads(text)
+    except (ValueError, OverflowError, RecursionError) as exc:
+        raise DataError(f"{path}: not valid JSON ({_reason(exc)})") from None
+    escaped = _ESCAPED_SURROGATE.search(text) is not None
+    del text
+    for index, record in enumerate(records):
+        where = f"{path}[{index}]"
+        if escaped:
+            _check_surrogates(where, record)
+        yield where, record
+
+
+def _not_utf8(where: str, byte: int) -> str:
+    return (
+        f"{where}: byte 0x{byte:02x} is not valid UTF-8; ragsuite reads UTF-8 files: re-save the file as "
+        "UTF-8 (e.g. iconv -f LATIN1 -t UTF-8 IN > OUT, naming its real encoding)"
+    )
+
+
+def _utf16(name: str) -> str:
+    return (
+        f"{name}: the file is UTF-16 or UTF-32 encoded; ragsuite reads UTF-8: convert it first "
+        "(e.g. iconv -f UTF-16 -t UTF-8 IN > OUT)"
+    )
+
+
+def _check_bytes_encoding(name: str, head: bytes) -> None:
+    # A UTF-16/32 byte-order mark, or NUL bytes, which UTF-8 JSON never holds.
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in head[:4]:
+        raise DataError(_utf16(name))
+
+
+def _check_raw(where: str, text: str, pos: int = 0, endpos: int | None = None) -> None:
+    """Refuse text decoded with ``surrogateescape`` that held a byte that is not UTF-8."""
+    if text.isascii():  # O(1) in CPython
+        return
+    found = _RAW_SURROGATE.search(text, pos, len(text) if endpos is None else endpos)
+    if found:
+        code = ord(found.group())
+        raise DataError(_not_utf8(where, code - 0xDC00 if 0xDC80 <= code <= 0xDCFF else code))
+
+
+def _check_surrogates(where: str, record: Any) -> None:
+    """Refuse a record holding a lone surrogate (from a ``\\ud800``-style escape): it is no character,
+    and no UTF-8 file can hold it."""
+    stack = [record]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if item.isascii():
                 continue
             try:
-                yield f"{path}:{lineno}", ujson.loads(line)
-            except ValueError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise DataError(
+                    f"{where}: the escape \\u{ord(item[exc.start]):04x} is half of a UTF-16 surrogate pair, "
+                    "not a character (the file was written by a broken encoder); fix or remove the record"
+                ) from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _too_long(where: str) -> DataError:
+    return DataError(
+        f"{where}: a record longer than {MAX_RECORD_CHARS:,} characters (ragsuite's limit, "
+        f"{MAX_RECORD_CHARS >> 20} Mi); no dataset release has one: the file is damaged, or is not JSON Lines"
+    )
 
 
 def _field(record: Any, key: str, kind: type | tuple[type, ...], where: str, *, required: bool = True) -> Any:
@@ -534,50 +602,124 @@ def iter_json_stream(stream: Stream) -> Iterator[tuple[str, Any]]:
     incrementally; a single pretty-printed JSON document (a map) is yielded whole.
 
     Raises:
-        DataError: malformed JSON, naming ``name[index]`` or ``name:line``.
+        DataError: malformed JSON, bytes that are not UTF-8, a UTF-16/32 stream, an unpaired surrogate
+            escape, or a record above :data:`MAX_RECORD_CHARS`, naming ``name[index]`` or ``name:line``.
     """
     name, raw = stream
-    text = io.TextIOWrapper(raw, encoding="utf-8")
+    # Bytes that are not UTF-8 read as U+DC80..U+DCFF, so the record holding one is named in the error.
+    text = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
     head = text.read(_CHUNK)
+    if head.startswith(("\udcff\udcfe", "\udcfe\udcff")) or "\x00" in head[:4]:
+        raise DataError(_utf16(name))
+    head = head.removeprefix("\ufeff")
     # Read on until the first non-blank character (array or not) and, for JSON Lines, the first whole line.
     while _undecided(head):
+        if len(head) > MAX_RECORD_CHARS:
+            raise _too_long(f"{name}:1")
         more = text.read(_CHUNK)
         if not more:
             break
         head += more
     stripped = head.lstrip()
     if stripped.startswith("["):
+        del head
         yield from _iter_json_array(name, text, stripped[1:])
         return
-    first, _, _ = stripped.partition("\n")
+    newline = stripped.find("\n")
+    first = stripped[:newline] if newline >= 0 else stripped
+    # A first line that is not a whole JSON value starts one pretty-printed document. A long first line is
+    # a record (a document's first line is short), and is not parsed twice.
+    if stripped.startswith("{") and len(first) <= _LONG_LINE and not _parses(first):
+        del first, stripped
+        document = head + text.read()
+        del head
+        _check_raw(name, document)
+        try:
+            record = _loads(document)
+        except (ValueError, OverflowError, RecursionError) as exc:
+            raise DataError(f"{name}: not valid JSON ({_reason(exc)})") from None
+        if _ESCAPED_SURROGATE.search(document):
+            _check_surrogates(name, record)
+        del document
+        yield name, record
+        return
+    del first, stripped
+    pending = [head]
+    del head  # the line reader holds the only reference: a long first line is not kept twice
+    yield from _iter_json_lines(name, text, pending)
+
+
+_LONG_LINE = 1 << 20
+"""Above this many characters a line is parsed by :mod:`json` (about 1x its size in memory) rather than ujson
+(faster on short lines, about 6x on long ones)."""
+
+
+def _loads(text: str) -> Any:
+    return ujson.loads(text) if len(text) <= _LONG_LINE else json.loads(text)
+
+
+def _parses(text: str) -> bool:
     try:
-        ujson.loads(first)
-    except ValueError:
-        if stripped.startswith("{"):
-            try:
-                yield name, ujson.loads(head + text.read())
-            except ValueError as exc:
-                raise DataError(f"{name}: not valid JSON ({exc})") from None
-            return
+        _loads(text)
+    except (ValueError, OverflowError, RecursionError):
+        return False
+    return True
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc)
+
+
+def _iter_json_lines(name: str, text: IO[str], pending: list[str]) -> Iterator[tuple[str, Any]]:
+    buffer = pending.pop()
     lineno = 0
-    pending = head
+    tail: list[str] = []  # the pieces of a line that spans chunks
+    tail_chars = 0
+    eof = False
     while True:
-        lines = pending.split("\n")
-        more = text.read(_CHUNK)
-        pending = lines.pop() if more else ""
-        if not more and lines and lines[-1] == "":
-            lines.pop()
-        for line in lines + ([pending] if not more and pending else []):
-            lineno += 1
-            if not line.strip():
-                continue
-            try:
-                yield f"{name}:{lineno}", ujson.loads(line)
-            except ValueError as exc:
-                raise DataError(f"{name}:{lineno}: not valid JSON ({exc})") from None
-        if not more:
-            return
-        pending += more
+        lines = buffer.split("\n")
+        buffer = ""
+        last = lines.pop()
+        if lines:
+            if tail:
+                tail.append(lines[0])
+                lines[0] = "".join(tail)
+                tail, tail_chars = [], 0
+            for index, line in enumerate(lines):
+                lineno += 1
+                if len(line) > MAX_RECORD_CHARS:
+                    raise _too_long(f"{name}:{lineno}")
+                lines[index] = ""  # parsed lines are not kept
+                yield from _json_line(f"{name}:{lineno}", line)
+                del line
+        del lines
+        if last:
+            tail.append(last)
+            tail_chars += len(last)
+            if tail_chars > MAX_RECORD_CHARS:
+                raise _too_long(f"{name}:{lineno + 1}")
+        del last
+        if eof:
+            break
+        buffer = text.read(_CHUNK)
+        eof = not buffer
+    if tail:
+        yield from _json_line(f"{name}:{lineno + 1}", "".join(tail))
+
+
+def _json_line(where: str, line: str) -> Iterator[tuple[str, Any]]:
+    if not line or line.isspace():
+        return
+    _check_raw(where, line)
+    try:
+        record = _loads(line)
+    except (ValueError, OverflowError, RecursionError) as exc:
+        raise DataError(f"{where}: not valid JSON ({_reason(exc)})") from None
+    if "\\u" in line and _ESCAPED_SURROGATE.search(line):
+        _check_surrogates(where, record)
+    yield where, record
 
 
 def _undecided(head: str) -> bool:
@@ -600,17 +742,26 @@ def _iter_json_array(name: str, text: IO[str], buffer: str) -> Iterator[tuple[st
             continue
         if buffer[pos] == "]":
             return
+        where = f"{name}[{index}]"
         try:
             record, end = decoder.raw_decode(buffer, pos)
         except json.JSONDecodeError as exc:
             if eof:
-                raise DataError(f"{name}[{index}]: not valid JSON ({exc.msg})") from None
+                _check_raw(where, buffer, pos)
+                raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+            if len(buffer) - pos > MAX_RECORD_CHARS:
+                raise _too_long(where) from None
             # The item may continue in the next chunk: read more and parse it again.
             more = text.read(_CHUNK)
             eof = not more
             buffer, pos = buffer[pos:] + more, 0
             continue
-        yield f"{name}[{index}]", record
+        except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
+            raise DataError(f"{where}: not valid JSON ({type(exc).__name__}: {exc})") from None
+        _check_raw(where, buffer, pos, end)
+        if _ESCAPED_SURROGATE.search(buffer, pos, end):
+            _check_surrogates(where, record)
+        yield where, record
         index += 1
         buffer, pos = buffer[end:], 0
 
@@ -750,16 +901,37 @@ def stream_dpr_tsv(inputs: list[Iterable[Stream]]) -> Iterator[dict[str, str]]:
     """Passages of DPR's ``psgs_w100.tsv``: a header row ``id text title``, then one passage per row."""
     for name, raw in _chain(inputs):
         reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8", newline=""), delimiter="\t")
-        header = next(reader, None)
+        rows = _tsv_rows(name, reader)
+        header = next(rows, None)
         if header != ["id", "text", "title"]:
             raise DataError(f"{name}:1: expected the header 'id<TAB>text<TAB>title', got {header!r}")
-        for row in reader:
+        for row in rows:
             if len(row) != 3:
                 raise DataError(
                     f"{name}:{reader.line_num}: expected 3 tab-separated fields (id, text, title), "
                     f"got {len(row)}"
                 )
             yield {"title": row[2], "text": row[1]}
+
+
+def _tsv_rows(name: str, reader: Any) -> Iterator[list[str]]:
+    """The rows of a ``csv.reader``; a field above csv's size limit (131,072 characters: a DPR passage is
+    about 600) or bytes that are not UTF-8 raise a :class:`DataError` naming the line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DataError(
+                f"{name}:{reader.line_num}: {exc}; a passage is about 100 words: the file is damaged, or "
+                "an unbalanced '\"' makes a field run on across lines"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                _not_utf8(f"{name}: after line {reader.line_num}", exc.object[exc.start])
+            ) from None
+        yield row
 
 
 def _chain(inputs: list[Iterable[Stream]]) -> Iterator[Stream]:
