@@ -91,9 +91,10 @@ def test_threshold_knob_moves_retrieval():
     prediction, retriever, log, requests = run_flare(theta=0.25)
     assert retriever.queries == [QUESTION]
     assert prediction.stats["lm_calls"] == 4 == requests and "regenerate" not in log
-    # theta above 0.85: sentence 2 is doubted too; beta 0.9 masks its "Cincinnati." (0.85) as well.
+    # theta above 0.85: sentence 2 is doubted too; beta 0.9 masks its "Cincinnati." (0.85) as well. Each
+    # masked token leaves a space (the authors' mask_method="simple").
     prediction, retriever, log, requests = run_flare(theta=0.88, beta=0.9)
-    assert retriever.queries == [QUESTION, "Jaws was by", "Spielberg was born in"]
+    assert retriever.queries == [QUESTION, "Jaws was  by", "Spielberg was born in"]
     assert prediction.stats["lm_calls"] == 6 == requests and prediction.stats["retrievals"] == 3
 
 
@@ -113,8 +114,75 @@ def test_token_alignment_and_masking():
     assert tokens[2][1] == pytest.approx(0.1353, abs=1e-4)
     assert masked_query(tokens, 0.5) == "Jaws is"
     assert masked_query(tokens, 0.95) == "is"
-    assert masked_query(tokens[2:], 0.5) == ""  # all masked: the program searches for the question
+    assert masked_query(tokens[2:], 0.5) == ""  # all masked: no query, so no retrieval
+    assert masked_query(tokens, tokens[2][1]) == "Jaws is"  # a token at exactly beta is masked
     assert field_token_probs({"content": content}, "not there", field="sentence") is None
+
+
+def scripted_world(look_aheads: list[tuple[str, dict[str, float]]], log: list[str]):
+    """Look-ahead number i (by the sentences written so far) is ``look_aheads[i]``; a regeneration returns
+    "Regenerated i."."""
+
+    def respond(request):
+        if "sentence" not in request.output_fields:
+            log.append("answer")
+            return {"answer": "Cincinnati"}
+        so_far = request.inputs["answer_so_far"]
+        index = 0 if so_far == "nothing yet" else so_far.count(".")
+        if request.sampling.get("logprobs") is not True:
+            log.append("regenerate")
+            return {"sentence": f"Regenerated {index}. And more."}
+        log.append("look_ahead")
+        sentence, probs = look_aheads[index]
+        return Reply({"sentence": sentence}, word_probs=probs)
+
+    return respond
+
+
+def run_world(look_aheads, **knobs):
+    log: list[str] = []
+    retriever = fresh()
+    with LocalOpenAIServer(scripted_world(look_aheads, log)) as server:
+        lm = build_lm("openai/scripted", api_base=server.api_base, cache=False, retries=0)
+        with dspy.context(lm=lm):
+            prediction = FlareDirect(retriever=retriever, **knobs)(question=QUESTION)
+    return prediction, retriever, log
+
+
+def test_look_ahead_is_judged_on_its_first_sentence_only():
+    # The authors cut the look-ahead at its first sentence before judging it: an unsure token in a second
+    # sentence neither triggers retrieval nor reaches the answer.
+    prediction, retriever, log = run_world(
+        [
+            ("Jaws was directed by Spielberg. He was born in Ohio.", {"Ohio.": 0.1}),
+            ("So the answer is: Cincinnati. Done.", {}),
+        ]
+    )
+    assert retriever.queries == [QUESTION]
+    assert log == ["look_ahead", "look_ahead", "answer"]
+    assert prediction.generated == "Jaws was directed by Spielberg. So the answer is: Cincinnati."
+    # An unsure token in the first sentence does trigger it, and the regeneration is cut too.
+    prediction, retriever, log = run_world(
+        [
+            ("Jaws was directed by Spielberg. He was born in Ohio.", {"Spielberg.": 0.1}),
+            ("So the answer is: x.", {}),
+        ]
+    )
+    assert retriever.queries == [QUESTION, "Jaws was directed by"]
+    assert log == ["look_ahead", "regenerate", "look_ahead", "answer"]
+    assert prediction.generated == "Regenerated 0. So the answer is: x."
+
+
+def test_an_all_masked_sentence_retrieves_nothing_and_is_kept():
+    # use_as_query returns "" when every token is masked; the original then issues no query.
+    prediction, retriever, log = run_world(
+        [("Spielberg.", {"Spielberg.": 0.1}), ("So the answer is: x.", {})]
+    )
+    assert retriever.queries == [QUESTION]
+    assert log == ["look_ahead", "look_ahead", "answer"]
+    first = next(e for e in prediction.trace if e["stage"] == "sentence")
+    assert first["retrieved"] is False and first["all_masked"] is True and first["sentence"] == "Spielberg."
+    assert prediction.stats["retrievals"] == 1 and prediction.stats["steps"] == 1
 
 
 def test_registered_with_paper_defaults_and_checked_knobs():

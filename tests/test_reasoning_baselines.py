@@ -75,7 +75,8 @@ def test_ircot_retrieves_with_each_sentence_until_the_answer_is_stated() -> None
     retriever = fresh()
     lm = scripted(thought=list(thoughts))
     prediction = run(IRCoT(retriever=retriever), lm)
-    assert retriever.queries == [QUESTION, thoughts[0], thoughts[1]]
+    # The authors' BM25 query drops wh-words ("Where") from the question and from each sentence.
+    assert retriever.queries == ["was the director of Jaws born?", thoughts[0], thoughts[1]]
     assert prediction.stats["lm_calls"] == 3 + 1 and prediction.stats["retrievals"] == 3
     assert prediction.stats["steps"] == 3
     assert prediction.thoughts == thoughts and prediction.answer == "Cincinnati"
@@ -113,7 +114,99 @@ def test_ircot_unparsable_sentence_ends_the_reasoning_and_is_recorded() -> None:
     assert next(e for e in prediction.trace if e["stage"] == "stop")["reason"] == "no_thought"
 
 
+def test_ircot_keeps_only_the_first_sentence_of_each_reply() -> None:
+    # The authors keep the first (spaCy) sentence of each completion; the exit test sees only that sentence.
+    # A two-sentence reply whose second sentence states the answer does not end the loop: its first
+    # sentence is the next query.
+    retriever = fresh()
+    lm = scripted(
+        thought=[
+            "Spielberg was born in Cincinnati. So the answer is: Cincinnati.",
+            "Answer is Cincinnati.",  # the exit test is case-sensitive and needs " answer is"
+            "So the answer is: Cincinnati. It is in Ohio.",
+        ]
+    )
+    prediction = run(IRCoT(retriever=retriever), lm)
+    assert prediction.thoughts == [
+        "Spielberg was born in Cincinnati.",
+        "Answer is Cincinnati.",
+        "So the answer is: Cincinnati.",
+    ]
+    assert retriever.queries == [
+        "was the director of Jaws born?",
+        "Spielberg was born in Cincinnati.",
+        "Answer Cincinnati.",
+    ]
+    assert prediction.stats["retrievals"] == 3 and prediction.stats["lm_calls"] == 3 + 1
+    stop = next(e for e in prediction.trace if e["stage"] == "stop")
+    assert stop["reason"] == "answer" and stop["thoughts"] == 3
+    assert prediction.answer == "Cincinnati"
+
+
+def test_ircot_queries_with_the_last_sentence_that_is_not_a_conclusion() -> None:
+    # is_reasoning_sentence: "So ...", "Thus ...", arithmetic steps are never queries.
+    retriever = fresh()
+    lm = scripted(
+        thought=[
+            "Jaws was directed by Spielberg.",
+            "So Spielberg directed it.",
+            "So the answer is: Cincinnati.",
+        ]
+    )
+    run(IRCoT(retriever=retriever), lm)
+    assert retriever.queries[1:] == ["Jaws was directed by Spielberg.", "Jaws was directed by Spielberg."]
+
+
+def test_ircot_sentence_splitting_and_answer_extraction() -> None:
+    from ragsuite.programs.ircot import extract_answer, first_sentence, is_reasoning_sentence
+
+    assert first_sentence("St. Louis is in Missouri. It is big.") == "St. Louis is in Missouri."
+    assert first_sentence("J. R. R. Tolkien wrote it in 1937. Yes.") == "J. R. R. Tolkien wrote it in 1937."
+    assert first_sentence("It cost 3.5 dollars! Then more.") == "It cost 3.5 dollars!"
+    assert first_sentence("no boundary here") == "no boundary here"
+    assert extract_answer("Thus the answer is: Cincinnati, Ohio.") == "Cincinnati, Ohio"
+    assert extract_answer("Cincinnati.") == "Cincinnati"  # match_all_on_failure
+    assert is_reasoning_sentence("Therefore it is 3.") and is_reasoning_sentence("It is 1 + 2 = 3 years.")
+    assert not is_reasoning_sentence("Sonia was born in Rome.")
+
+
+def test_ircot_cot_reader_reads_the_answer_from_its_reasoning() -> None:
+    # The authors' Codex/GPT configurations read with a CoT prompt and extract "answer is: X".
+    lm = scripted(
+        thought=["So the answer is: Ohio."],
+        reasoning="Jaws was directed by Spielberg, born in Cincinnati. So the answer is: Cincinnati.",
+    )
+    prediction = run(IRCoT(retriever=fresh(), reader="cot"), lm)
+    assert prediction.answer == "Cincinnati"
+    assert stage_requests(lm, "reasoning")[0].inputs["passages"].count("[") - 1 == 4
+    assert prediction.stats["lm_calls"] == 2
+    with pytest.raises(Exception, match="reader must be"):
+        IRCoT(reader="codex")
+
+
 # ----------------------------------------------------------------------------- Adaptive-RAG
+def test_adaptive_rag_single_step_reads_its_own_number_of_passages() -> None:
+    # The authors' single-step ("oner") runs read 15 passages; the multi-step route keeps top_k per step.
+    asked: list[int] = []
+
+    def results(query: str, k: int) -> list[str]:
+        asked.append(k)
+        return [f"p{j}" for j in range(k)]
+
+    retriever = ListRetriever(CORPUS, results)
+    prediction = run(AdaptiveRAG(retriever=retriever, top_k=4), scripted(complexity="B"))
+    assert asked == [15] and len(prediction.passages) == 15
+    assert retriever.queries == ["was the director of Jaws born?"]
+    asked.clear()
+    run(AdaptiveRAG(retriever=retriever, top_k=4, single_k=6), scripted(complexity="B"))
+    run(
+        AdaptiveRAG(retriever=retriever, top_k=4, single_k=6),
+        scripted(complexity="C", thought="So the answer is x."),
+    )
+    assert asked == [6, 4]
+    assert programs.get("adaptive-rag").default_knobs()["single_k"] == 15
+
+
 @pytest.mark.parametrize(
     ("reply", "route", "lm_calls", "retrievals"),
     [
@@ -273,7 +366,8 @@ def test_adaptive_retrieval_retrieves_only_when_the_lm_needs_it(decision, retrie
 
 # ----------------------------------------------------------------------------- FLARE-instruct
 def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_sentence():
-    # FLARE: look ahead one sentence; when it is not confident, retrieve with the query and regenerate it.
+    # FLARE: retrieve for the input first; look ahead one sentence with the passages in hand; when it asks
+    # for a search, retrieve with its query (the new passages replace the old) and write the sentence again.
     from ragsuite.programs.flare import FlareInstruct
 
     replies = iter(
@@ -298,14 +392,22 @@ def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_s
     retriever = fresh(3)
     lm = ScriptedLM(respond)
     prediction = run(FlareInstruct(retriever=retriever), lm)
-    assert retriever.queries == ["director of Jaws birthplace"]
-    assert prediction.stats["retrievals"] == 1 and prediction.stats["lm_calls"] == 4 + 1
+    assert retriever.queries == [QUESTION, "director of Jaws birthplace"]
+    # Calls per sentence: one, and one more for the sentence that searched (sentence 2); then the reader.
+    assert len(seen) == 4 and prediction.stats["lm_calls"] == 4 + 1
+    sentences = [e for e in prediction.trace if e["stage"] == "sentence"]
+    assert [e["query"] for e in sentences] == ["", "director of Jaws birthplace", ""]
+    assert prediction.stats["retrievals"] == 2
     assert (
         prediction.generated
         == "Jaws is a 1975 film. Spielberg was born in Cincinnati. So the answer is: Cincinnati."
     )
-    assert seen[2].count("[") - 1 == 3 and seen[1] == "[]"  # only the regeneration sees the passages
-    assert prediction.answer == "Cincinnati" and [p.id for p in prediction.passages] == ["p0", "p1", "p2"]
+    # The question's passages are in hand from the first sentence; the search's replace them and stay in
+    # hand for the sentences after it.
+    assert "T0 | text 0" in seen[0] and "T0 | text 0" in seen[1]
+    assert all("T3 | text 3" in s and "T0 | text 0" not in s for s in seen[2:])
+    assert prediction.answer == "Cincinnati"
+    assert [p.id for p in prediction.passages] == ["p0", "p1", "p2", "p3", "p4", "p5"]
 
 
 # ----------------------------------------------------------------------------- Self-RAG, prompted

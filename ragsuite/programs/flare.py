@@ -1,30 +1,51 @@
-"""FLARE (Jiang et al., 2023, "Active Retrieval Augmented Generation"): FLARE-instruct, a baseline of
-DeepNote's Table 1, and FLARE-direct, which decides by token probabilities.
+"""FLARE (Jiang et al., 2023, "Active Retrieval Augmented Generation"; the authors' code,
+github.com/jzbjyb/FLARE, ``src/openai_api.py`` and ``configs/2wikihop_flare_config.json``): FLARE-instruct, a
+baseline of DeepNote's Table 1, and FLARE-direct, which decides by token probabilities.
 
-FLARE-instruct.
+FLARE-instruct (:class:`FlareInstruct`). FLARE retrieves ``top_k`` passages for the input (the question)
+before generating. Generation proceeds sentence by sentence: the LM writes the next sentence from the passages
+in hand and, when it is not confident about a fact the sentence needs, a search query (``LookAhead``; the
+paper's ``[Search(query)]``). With a query, ``top_k`` passages are retrieved for it and replace those in hand
+(the authors' ``ctx_increase="replace"``), and the sentence is written again from them; without one, the
+sentence is kept. Passages stay in hand for every later sentence until the next search. One LM call per
+sentence, one more per search. It stops when a sentence says "answer is" or after ``max_steps`` sentences;
+the final answer, in the task's style, is read from the generated text.
 
-Generation proceeds sentence by sentence. For each next sentence the LM looks ahead (``LookAhead``): it writes
-the sentence and, when it is not confident about a fact the sentence needs, a search query. With a query,
-``top_k`` passages are retrieved for it and the sentence is written again from them (FLARE regenerates the
-look-ahead sentence with the retrieved documents); without one, the look-ahead sentence is kept. It stops when
-a sentence says "answer is" or after ``max_steps`` sentences; the final answer, in the task's style, is read
-from the generated text.
-
-FLARE-direct (:class:`FlareDirect`). The question is the first query (FLARE retrieves for the input before
-the first sentence). For each next sentence the LM writes a look-ahead sentence from the passages in hand,
-returning the log probability of every token. When any token of the sentence has probability below
-``theta``, the sentence is not trusted: the tokens below ``beta`` are masked out of it, the rest is the
-query (FLARE's implicit query by masking; an all-masked sentence falls back to the question), ``top_k``
-passages replace those in hand and the sentence is written again from them. A confident sentence is kept
-as it is. Stopping and the final answer are as in FLARE-instruct. Defaults follow the authors' 2WikiMultihopQA
-configuration: ``theta`` 0.8, ``beta`` 0.4, two passages per retrieval.
-
-Departures from the paper: the LM writes the sentence as a DSPy output field (the paper continues raw text),
-so the probabilities judged are those of the tokens spelling the field's value (``field_token_probs``); a
-sentence whose tokens cannot be matched in the reply is not trusted and is searched for whole.
+FLARE-direct (:class:`FlareDirect`). The question is the first query (the authors'
+``look_ahead_pre_retrieval="first"``). For each next sentence the LM writes a look-ahead from the passages in
+hand, returning the log probability of every token; the look-ahead is cut to its first sentence (of at least
+5 characters, the authors' ``look_ahead_truncate_at_boundary="sentence"``) and only that sentence's tokens are
+judged. When any of them has probability at most ``theta``, the sentence is not trusted: the tokens at most
+``beta`` are masked out of it (each replaced by a space, the rest joined and stripped: the authors'
+``mask_method="simple"``), the rest is the query, ``top_k`` passages replace those in hand and the sentence is
+written again from them (and cut to its first sentence). A confident sentence is kept as it is; a sentence
+whose every token is masked leaves an empty query, and, as in the original, nothing is retrieved and the
+sentence is kept. Stopping and the final answer are as in FLARE-instruct. Defaults follow the authors'
+2WikiMultihopQA configuration: ``theta`` 0.8, ``beta`` 0.4, two passages per retrieval.
 
 FLARE-direct needs an LM that returns log probabilities (OpenAI chat models, vLLM); with one that does not,
 it stops with an error naming ``flare-instruct``, the variant for such LMs.
+
+Differences from the original:
+
+* Output fields. The paper continues raw few-shot text; here the LM writes each sentence as a DSPy output
+  field, so FLARE-direct judges the probabilities of the tokens spelling the field's value
+  (:func:`field_token_probs`); a sentence whose tokens cannot be matched in the reply is not trusted and is
+  searched for whole. Why: every program here runs on any DSPy LM.
+* Stopping. The original generates until a blank line ("\\n\\n") or 256 tokens; ragsuite stops after a
+  sentence saying "answer is" (how the authors' 2WikiMultihopQA exemplars end) or ``max_steps`` sentences.
+  Why: a sentence-per-call loop needs a sentence budget.
+* A confident look-ahead (FLARE-direct) or a sentence written without a search (FLARE-instruct) is kept;
+  the original asks for it again with the same passages. Why: at the authors' temperature 0 the second
+  call returns the same text; ragsuite saves the call.
+* FLARE-instruct's granularity. The original writes until the LM emits ``[Search(query)]`` (possibly
+  mid-sentence, keeping the text before it) and then continues; ragsuite writes whole sentences, each with
+  an optional query, and rewrites the sentence after a search. The second call's query is ignored (the
+  original forbids a search in the tokens right after one). Why: sentence-level DSPy fields.
+* Sentence boundaries come from :func:`ragsuite.programs.ircot.first_sentence` rather than NLTK's Punkt.
+  Why: no tokenizer download.
+* Queries other than the question are not cut to 64 tokens (the authors' ``max_query_length``). Why: a
+  sentence is far shorter.
 """
 
 from __future__ import annotations
@@ -38,8 +59,14 @@ import dspy
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
-from ragsuite.programs.ircot import ANSWER_IS
-from ragsuite.programs.pipeline import arun_answer, check_int, check_threshold, merge_passages
+from ragsuite.programs.ircot import ANSWER_IS, first_sentence
+from ragsuite.programs.pipeline import (
+    aretrieve_recorded,
+    arun_answer,
+    check_int,
+    check_threshold,
+    merge_passages,
+)
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.reasoning import LookAhead, NextSentence
@@ -96,18 +123,22 @@ class FlareInstruct(RAGProgram):
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
         sentences: list[str] = []
-        evidence = []
+        # FLARE's first query is the input itself; what it finds is in hand for the first sentence.
+        passages = await aretrieve_recorded(self, ledger, question, self.top_k)
+        ledger.count_step()
+        evidence = [passages]
         reason = "max_steps"
         for step in range(1, self.max_steps + 1):
-            ahead = await self._sentence(ledger, question, [], sentences)
+            ahead = await self._sentence(ledger, question, passages, sentences)
             query = " ".join(str(ahead.search_query or "").split())
             sentence = " ".join(str(ahead.sentence or "").split())
-            retrieved = []
+            retrieved: list[Passage] = []
             if query:
                 retrieved = await self.aretrieve(ledger, query, self.top_k)
                 ledger.count_step()
                 evidence.append(retrieved)
-                again = await self._sentence(ledger, question, retrieved, sentences)
+                passages = retrieved  # the authors' ctx_increase="replace"
+                again = await self._sentence(ledger, question, passages, sentences)
                 sentence = " ".join(str(again.sentence or "").split()) or sentence
             ledger.record(
                 "sentence", step=step, query=query, passage_ids=[p.id for p in retrieved], sentence=sentence
@@ -180,8 +211,21 @@ def field_token_probs(logprobs: Any, value: str, *, field: str) -> list[tuple[st
 
 
 def masked_query(tokens: list[tuple[str, float]], beta: float) -> str:
-    """FLARE's implicit query: the sentence with every token of probability below ``beta`` removed."""
-    return " ".join("".join(token for token, prob in tokens if prob >= beta).split())
+    """FLARE's implicit query: the sentence with every token of probability at most ``beta`` replaced by a
+    space, stripped (the authors' ``use_as_query`` with ``mask_method="simple"``)."""
+    return "".join(token if prob > beta else " " for token, prob in tokens).strip()
+
+
+def first_sentence_tokens(tokens: list[tuple[str, float]], length: int) -> list[tuple[str, float]]:
+    """The tokens of the first ``length`` characters of the text they spell (a token straddling the end is
+    kept whole, as the authors' ``truncate_at_boundary`` keeps every token starting before the cut)."""
+    kept, offset = [], 0
+    for token, prob in tokens:
+        if offset >= length:
+            break
+        kept.append((token, prob))
+        offset += len(token)
+    return kept
 
 
 @register
@@ -197,8 +241,8 @@ class FlareDirect(RAGProgram):
         task: Answer style: ``short``, ``long`` or ``yesno``.
         top_k: Passages per retrieval (the authors' 2WikiMultihopQA setting: 2).
         max_steps: Most sentences (ours: 5).
-        theta: Retrieve when any token of the look-ahead sentence has probability below this (0.8).
-        beta: Mask the tokens below this probability out of the query (0.4).
+        theta: Retrieve when any token of the look-ahead sentence has probability at most this (0.8).
+        beta: Mask the tokens of probability at most this out of the query (0.4).
 
     Example:
         >>> from ragsuite import programs
@@ -272,38 +316,48 @@ class FlareDirect(RAGProgram):
         reason = "max_steps"
         for step in range(1, self.max_steps + 1):
             ahead = await self._sentence(ledger, question, passages, sentences, scored=True)
-            sentence = str(ahead.sentence or "").strip()
+            reply = str(ahead.sentence or "").strip()
+            tokens = self._token_probs(ahead, reply) if reply else None
+            # The look-ahead is judged on its first sentence only (the authors' truncate_at_boundary).
+            sentence = first_sentence(reply, min_chars=5)
             if not sentence:
                 ledger.record("sentence", step=step, sentence="")
                 reason = "no_sentence"
                 break
-            tokens = self._token_probs(ahead, sentence)
-            query, masked = "", []
+            if tokens is not None:
+                tokens = first_sentence_tokens(tokens, len(sentence))
+            query, masked, lowest = "", [], None
             if tokens is None:  # the tokens could not be matched to the sentence: trust nothing
-                low, lowest = True, None
+                low = True
+                query = " ".join(sentence.split())
             else:
                 lowest = min((p for _, p in tokens), default=1.0)
-                low = lowest < self.theta
-            if low:
-                if tokens is None:
-                    query = " ".join(sentence.split())
-                else:
-                    query = masked_query(tokens, self.beta) or question
-                    masked = [t.strip() for t, p in tokens if p < self.beta and t.strip()]
+                low = any(p <= self.theta for _, p in tokens)
+                if low:
+                    query = masked_query(tokens, self.beta)
+                    masked = [t.strip() for t, p in tokens if p <= self.beta and t.strip()]
+            retrieved = bool(query)  # an all-masked sentence leaves no query: nothing is retrieved
+            if retrieved:
                 passages = await self.aretrieve(ledger, query, self.top_k)
                 ledger.count_step()
                 evidence.append(passages)
                 again = await self._sentence(ledger, question, passages, sentences, scored=False)
-                sentence = " ".join(str(again.sentence or "").split()) or sentence
+                sentence = first_sentence(str(again.sentence or "").strip(), min_chars=5) or sentence
             ledger.record(
                 "sentence",
                 step=step,
                 min_prob=None if lowest is None else round(lowest, 4),
-                retrieved=low,
+                retrieved=retrieved,
                 query=query,
                 masked=masked,
-                passage_ids=[p.id for p in passages] if low else [],
+                passage_ids=[p.id for p in passages] if retrieved else [],
                 sentence=sentence,
+                **({"all_masked": True} if low and not retrieved else {}),
+                **(
+                    {"cut": reply[len(sentence) :].strip()}
+                    if len(reply) > len(sentence) and not retrieved
+                    else {}
+                ),
             )
             sentences.append(" ".join(sentence.split()))
             if ANSWER_IS.search(sentence):
@@ -312,4 +366,4 @@ class FlareDirect(RAGProgram):
         return await _answer_from_sentences(self, ledger, question, sentences, evidence, reason)
 
 
-__all__ = ["FlareDirect", "FlareInstruct", "field_token_probs", "masked_query"]
+__all__ = ["FlareDirect", "FlareInstruct", "field_token_probs", "first_sentence_tokens", "masked_query"]

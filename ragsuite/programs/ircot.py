@@ -1,24 +1,46 @@
 """IRCoT and Adaptive-RAG, the multi-step baselines of the HANRAG paper (Tables 1-2).
 
-IRCoT (Trivedi et al., 2023, "Interleaving Retrieval with Chain-of-Thought Reasoning"):
+IRCoT (Trivedi et al., 2023, "Interleaving Retrieval with Chain-of-Thought Reasoning"; the authors' code,
+github.com/StonyBrookNLP/ircot, ``commaqa/inference/ircot.py`` and ``base_configs/ircot_qa_*``):
 
 1. Retrieve ``top_k`` passages for the question; they start the collection.
-2. Repeat up to ``max_steps`` times: generate the next chain-of-thought sentence from the question, the
-   collected passages and the sentences so far (``NextThought``); stop when the sentence says "answer is";
-   otherwise retrieve ``top_k`` passages with that sentence as the query and add the new ones, keeping at most
-   ``max_passages`` in the collection (the paper caps it at 15).
-3. A reader answers the question from the collected passages, in the task's answer style.
+2. Repeat up to ``max_steps`` times: continue the chain of thought from the question, the collected passages
+   and the sentences so far (``NextThought``) and keep only the first sentence of the reply. Stop when the
+   sentence is empty or matches the authors' exit test ``.* answer is:? (.*)\\.?`` (``re.match``, case as
+   written); otherwise retrieve ``top_k`` passages for the last sentence that is not a reasoning sentence
+   (one starting "So", "Thus", "Therefore", "Hence", "That is," or an arithmetic step; the question when
+   there is none), with the words who/what/when/where/why/which/how/does/is removed, and add the new ones,
+   keeping at most ``max_passages`` in the collection (the authors' 15).
+3. A reader answers the question from the collected passages: ``reader="direct"`` answers in the task's
+   style (the authors' Flan-T5 configurations); ``reader="cot"`` reasons step by step and the answer is read
+   from its "answer is: X" sentence, the whole reply when there is none, a final "." removed (the authors'
+   Codex and GPT-3.5 configurations).
 
 Steps count retrievals (the question's and one per non-final sentence), the unit HANRAG reports.
 
-Adaptive-RAG (Jeong et al., 2024): a query-complexity classifier routes each question to A: answer without
-retrieval, B: one retrieval of ``top_k`` passages, or C: IRCoT. The paper trains a small classifier (T5-Large)
-on labels from the three strategies' outcomes; ``classifier=DIR`` uses one trained that way by ``ragsuite
-classifier train`` (:mod:`ragsuite.programs.complexity`), and without it the LM classifies
+Adaptive-RAG (Jeong et al., 2024; github.com/starsuzi/Adaptive-RAG): a query-complexity classifier routes
+each question to A: answer without retrieval, B: one retrieval of ``single_k`` passages (the authors' 15 for
+the Flan-T5 runs), or C: IRCoT with ``top_k`` passages per retrieval. The paper trains a small classifier
+(T5-Large) on labels from the three strategies' outcomes; ``classifier=DIR`` uses one trained that way by
+``ragsuite classifier train`` (:mod:`ragsuite.programs.complexity`), and without it the LM classifies
 (``QueryComplexity``). An unparsable class from the LM falls back to B.
 
 LM-output fallbacks (recorded in the trace and ``stats["fallbacks"]``): an unparsable reasoning sentence ends
-the reasoning; an unparsable answer is empty.
+the reasoning (as an empty sentence does in the original); an unparsable answer is empty.
+
+Differences from the original:
+
+* Sentences. The authors split the completion with spaCy (``en_core_web_sm``); ragsuite ships no spaCy model
+  and splits with :func:`first_sentence` (a period, "!" or "?" before a capitalised word, not after a common
+  abbreviation or an initial). Why: no model download; the two agree on ordinary prose.
+* Prompts. The original continues raw few-shot text ("Q: ... A: <sentences so far>"); ragsuite asks the LM
+  through DSPy signatures (``NextThought``, the task's answer signature or ``CoTReader``) with the same
+  inputs. Why: every program here runs on any DSPy LM and can be optimised.
+* Passages. The original skips retrieved paragraphs over 600 words, drops near-duplicates by fuzzy title and
+  text matching, and cuts each paragraph to 350 words in the prompt; ragsuite keeps every passage, drops
+  duplicates by id and shows passages whole. Why: ragsuite's corpora are chunked passages with stable ids.
+* ``max_steps`` defaults to 8 sentences; the original allows 10 (``max_num_sentences``). Why: HANRAG's
+  reported step counts stay under 8; set ``max_steps=10`` for the authors' cap.
 """
 
 from __future__ import annotations
@@ -31,18 +53,82 @@ from dspy.utils.exceptions import AdapterParseError
 
 from ragsuite.aio import invoke, run_sync
 from ragsuite.data.datasets import Task
+from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
 from ragsuite.programs.complexity import load_classifier
 from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
-from ragsuite.signatures.reasoning import NextThought, QueryComplexity, RetrievalNeed
+from ragsuite.signatures.reasoning import CoTReader, NextThought, QueryComplexity, RetrievalNeed
 
-#: IRCoT's termination test: the reasoning has reached its answer.
-ANSWER_IS = re.compile(r"\banswer is\b", re.IGNORECASE)
+#: IRCoT's exit test and answer extractor (the authors' ``answer_extractor_regex``), applied with ``match``.
+ANSWER_IS = re.compile(r".* answer is:? (.*)\.?")
+#: Sentences IRCoT does not use as queries (the authors' ``is_reasoning_sentence``).
+_REASONING_STARTERS = ("thus ", "thus,", "so ", "so,", "that is,", "therefore", "hence")
+_ARITHMETIC = re.compile(r"(.*)(\d[\d,]*\.?\d+|\d+) ([+-]) (\d[\d,]*\.?\d+|\d+) = (\d[\d,]*\.?\d+|\d+)(.*)")
+#: Words the authors' BM25 query drops (``remove_wh_words``).
+_WH_WORDS = frozenset({"who", "what", "when", "where", "why", "which", "how", "does", "is"})
+#: Words whose period does not end a sentence.
+_ABBREVIATIONS = frozenset(
+    "mr mrs ms dr st jr sr prof mt ft gen col lt sgt capt rev vs etc e.g i.e no vol jan feb mar apr jun jul "
+    "aug sep sept oct nov dec u.s u.k inc ltd co corp".split()
+)
+_BOUNDARY = re.compile(r"([.!?]+[\"'\u201d\u2019)\]]*)\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])|\n\s*\n")
 #: Route used when the classifier's reply cannot be read: one retrieval is the safe middle.
 COMPLEXITY_FALLBACK = "B"
 _CLASS = re.compile(r"\b([ABC])\b")
+
+
+def first_sentence(text: str, *, min_chars: int = 1) -> str:
+    """The first sentence of ``text`` at least ``min_chars`` characters long (the whole text when it has no
+    boundary): the cut IRCoT and FLARE make to each completion.
+
+    Example:
+        >>> first_sentence("Jaws was directed by Steven Spielberg. He was born in Cincinnati.")
+        'Jaws was directed by Steven Spielberg.'
+        >>> first_sentence("Dr. J. Smith won in 1990. So the answer is: 1990.")
+        'Dr. J. Smith won in 1990.'
+    """
+    for match in _BOUNDARY.finditer(text):
+        end = match.end(1) if match.group(1) else match.start()
+        if match.group(1) and match.group(1)[0] == ".":
+            before = text[: match.start(1)].split()
+            word = before[-1].lstrip("\"'([").lower() if before else ""
+            if word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+                continue
+        sentence = text[:end].strip()
+        if len(sentence) >= min_chars:
+            return sentence
+    return text.strip()
+
+
+def is_reasoning_sentence(sentence: str) -> bool:
+    """Whether IRCoT skips ``sentence`` as a query: a conclusion ("So ...", "Thus ...") or arithmetic."""
+    return sentence.lower().startswith(_REASONING_STARTERS) or bool(_ARITHMETIC.match(sentence))
+
+
+def reasoning_query(question: str, thoughts: list[str]) -> str:
+    """IRCoT's next query: the last sentence that is not a reasoning sentence (else the question), without
+    wh-words.
+
+    Example:
+        >>> reasoning_query("Who directed Jaws?", ["Jaws is a film.", "So it is a film."])
+        'Jaws a film.'
+    """
+    facts = [t for t in thoughts if not is_reasoning_sentence(t)]
+    query = facts[-1].strip() if facts else question
+    return " ".join(word for word in query.split(" ") if word.strip().lower() not in _WH_WORDS)
+
+
+def extract_answer(text: str) -> str:
+    """The answer of a reasoning reply: what follows "answer is" (the whole reply when absent), without a
+    final period (the authors' ``answer_extractor`` with ``match_all_on_failure``)."""
+    text = text.strip()
+    if text.startswith('"') and text.endswith('"'):
+        text = text[1:-1]
+    match = ANSWER_IS.match(text)
+    answer = match.group(1) if match else text
+    return answer[:-1] if answer.endswith(".") else answer
 
 
 async def ainterleave_reasoning(
@@ -57,7 +143,7 @@ async def ainterleave_reasoning(
 ) -> tuple[list[Passage], list[str]]:
     """IRCoT's retrieve-reason loop (module docstring, steps 1-2). Returns the collected passages and the
     reasoning sentences; records a ``step`` event per sentence and a ``stop`` event."""
-    first = await aretrieve_recorded(program, ledger, question, top_k)
+    first = await aretrieve_recorded(program, ledger, reasoning_query(question, []), top_k)
     collected = {p.id: p for p in first[:max_passages]}
     ledger.count_step()
     thoughts: list[str] = []
@@ -72,17 +158,22 @@ async def ainterleave_reasoning(
             passages=format_passages(list(collected.values())),
             thoughts=list(thoughts),
         )
-        thought = " ".join(str(output.thought or "").split())
+        reply = " ".join(str(output.thought or "").split())
+        thought = first_sentence(reply)
         if not thought:
             reason = "no_thought"
             break
         thoughts.append(thought)
-        if ANSWER_IS.search(thought) or step == max_steps:
-            reason = "answer" if ANSWER_IS.search(thought) else "max_steps"
-            ledger.record("step", step=step, thought=thought, passage_ids=[])
+        extra = {"cut": reply[len(thought) :].strip()} if len(thought) < len(reply) else {}
+        if ANSWER_IS.match(thought) or step == max_steps:
+            reason = "answer" if ANSWER_IS.match(thought) else "max_steps"
+            ledger.record("step", step=step, thought=thought, passage_ids=[], **extra)
             break
-        hits = await program.aretrieve(ledger, thought, top_k)
-        ledger.count_step()
+        query = reasoning_query(question, thoughts)
+        hits: list[Passage] = []
+        if query.strip():  # the original skips a query left empty by the wh-word removal
+            hits = await program.aretrieve(ledger, query, top_k)
+            ledger.count_step()
         room = max(0, max_passages - len(collected))
         new = [p for p in hits if p.id not in collected][:room]
         collected.update((p.id, p) for p in new)
@@ -90,8 +181,10 @@ async def ainterleave_reasoning(
             "step",
             step=step,
             thought=thought,
+            query=query,
             retrieved_ids=[p.id for p in hits],
             passage_ids=[p.id for p in new],
+            **extra,
         )
     ledger.record("stop", reason=reason, thoughts=len(thoughts), passages=len(collected))
     return list(collected.values()), thoughts
@@ -125,17 +218,19 @@ class IRCoT(RAGProgram):
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
         top_k: Passages per retrieval (the paper tunes K in {2, 4, 6, 8}; 4 here).
-        max_steps: Most reasoning sentences (ours: 8).
+        max_steps: Most reasoning sentences (ours: 8; the authors' 10).
         max_passages: Most passages collected (the paper's cap: 15).
+        reader: ``direct`` (the authors' Flan-T5 runs) or ``cot`` (their Codex and GPT-3.5 runs): see the
+            module docstring.
 
     Example:
         >>> from ragsuite import programs
         >>> programs.get("ircot").default_knobs()
-        {'top_k': 4, 'max_steps': 8, 'max_passages': 15}
+        {'top_k': 4, 'max_steps': 8, 'max_passages': 15, 'reader': 'direct'}
     """
 
     name: ClassVar[str] = "ircot"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_steps", "max_passages")
+    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_steps", "max_passages", "reader")
 
     def __init__(
         self,
@@ -145,13 +240,19 @@ class IRCoT(RAGProgram):
         top_k: int = 4,
         max_steps: int = 8,
         max_passages: int = 15,
+        reader: str = "direct",
     ) -> None:
         super().__init__(retriever=retriever, task=task)
         self.top_k = check_int("top_k", top_k, minimum=1)
         self.max_steps = check_int("max_steps", max_steps, minimum=1)
         self.max_passages = check_int("max_passages", max_passages, minimum=1)
+        if reader not in ("direct", "cot"):
+            raise ConfigError(
+                f"reader must be 'direct' (Flan-T5 runs) or 'cot' (Codex/GPT runs), not {reader!r}"
+            )
+        self.reader = reader
         self.next_thought = dspy.Predict(NextThought)
-        self.answer = dspy.Predict(answer_signature(task, "passages"))
+        self.answer = dspy.Predict(CoTReader if reader == "cot" else answer_signature(task, "passages"))
 
     @classmethod
     def search_space(cls, trial: Any) -> dict[str, Any]:
@@ -160,6 +261,28 @@ class IRCoT(RAGProgram):
             "max_steps": trial.suggest_int("max_steps", 2, 10),
             "max_passages": trial.suggest_int("max_passages", 5, 20),
         }
+
+    async def aread(
+        self, ledger: RunLedger, question: str, passages: list[Passage], *, source: str = "passages"
+    ) -> str:
+        """The reader (module docstring, step 3); with ``reader="cot"`` also Adaptive-RAG's route A, which
+        reasons with no passages (the authors' GPT "nor_qa" configuration)."""
+        if self.reader == "direct":
+            return await arun_answer(
+                self, ledger, source="passages", question=question, passages=format_passages(passages)
+            )
+        output = await self.acall_stage(
+            ledger,
+            "answer",
+            self.answer,
+            fallback={"reasoning": ""},
+            question=question,
+            passages=format_passages(passages),
+        )
+        reasoning = " ".join(str(output.reasoning or "").split())
+        answer = extract_answer(reasoning).strip()
+        ledger.record("answer", source=source, answer=answer, reasoning=reasoning)
+        return answer
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
@@ -172,9 +295,7 @@ class IRCoT(RAGProgram):
             max_steps=self.max_steps,
             max_passages=self.max_passages,
         )
-        answer = await arun_answer(
-            self, ledger, source="passages", question=question, passages=format_passages(passages)
-        )
+        answer = await self.aread(ledger, question, passages)
         return self.finish(ledger, answer, passages, thoughts=thoughts)
 
 
@@ -201,18 +322,19 @@ class AdaptiveRAG(IRCoT):
     Stage predictors: ``classify``, ``direct`` (A), ``next_thought`` (C), ``answer`` (B and C).
 
     Args:
-        retriever, task, top_k, max_steps, max_passages: as in :class:`IRCoT` (``top_k`` also for B).
+        retriever, task, top_k, max_steps, max_passages, reader: as in :class:`IRCoT` (route C).
+        single_k: Passages the single-step route B reads (the authors' 15 in their Flan-T5 runs).
         classifier: Directory of a trained complexity classifier (``ragsuite classifier train``); it routes
             without an LM call. None: the LM classifies (the ``classify`` stage).
 
     Example:
         >>> from ragsuite import programs
         >>> sorted(programs.get("adaptive-rag").default_knobs())
-        ['classifier', 'max_passages', 'max_steps', 'top_k']
+        ['classifier', 'max_passages', 'max_steps', 'reader', 'single_k', 'top_k']
     """
 
     name: ClassVar[str] = "adaptive-rag"
-    KNOBS: ClassVar[tuple[str, ...]] = (*IRCoT.KNOBS, "classifier")
+    KNOBS: ClassVar[tuple[str, ...]] = (*IRCoT.KNOBS, "single_k", "classifier")
 
     def __init__(
         self,
@@ -222,16 +344,28 @@ class AdaptiveRAG(IRCoT):
         top_k: int = 4,
         max_steps: int = 8,
         max_passages: int = 15,
+        reader: str = "direct",
+        single_k: int = 15,
         classifier: str | None = None,
     ) -> None:
         super().__init__(
-            retriever=retriever, task=task, top_k=top_k, max_steps=max_steps, max_passages=max_passages
+            retriever=retriever,
+            task=task,
+            top_k=top_k,
+            max_steps=max_steps,
+            max_passages=max_passages,
+            reader=reader,
         )
+        self.single_k = check_int("single_k", single_k, minimum=1)
         self.classifier = None if classifier is None else str(classifier)
         # Loaded once here, so a missing or corrupt classifier fails before any question runs.
         self._trained = None if classifier is None else load_classifier(classifier)
         self.classify = dspy.Predict(QueryComplexity)
         self.direct = dspy.Predict(answer_signature(task, "none"))
+
+    @classmethod
+    def search_space(cls, trial: Any) -> dict[str, Any]:
+        return {**super().search_space(trial), "single_k": trial.suggest_categorical("single_k", [5, 10, 15])}
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
@@ -259,10 +393,16 @@ class AdaptiveRAG(IRCoT):
                 "route", complexity=complexity, **({"salvaged": True} if classified.get("salvaged") else {})
             )
         if complexity == "A":
-            answer = await arun_answer(self, ledger, source="none", predictor=self.direct, question=question)
+            if self.reader == "cot":
+                answer = await self.aread(ledger, question, [], source="none")
+            else:
+                answer = await arun_answer(
+                    self, ledger, source="none", predictor=self.direct, question=question
+                )
             return self.finish(ledger, answer, [], route=complexity)
         if complexity == "B":
-            passages = await aretrieve_recorded(self, ledger, question, self.top_k)
+            # The authors' single-step run reads its own number of passages (their "oner" configuration).
+            passages = await aretrieve_recorded(self, ledger, reasoning_query(question, []), self.single_k)
             ledger.count_step()
         else:
             passages, _ = await ainterleave_reasoning(
@@ -274,9 +414,7 @@ class AdaptiveRAG(IRCoT):
                 max_steps=self.max_steps,
                 max_passages=self.max_passages,
             )
-        answer = await arun_answer(
-            self, ledger, source="passages", question=question, passages=format_passages(passages)
-        )
+        answer = await self.aread(ledger, question, passages)
         return self.finish(ledger, answer, passages, route=complexity)
 
 
@@ -336,5 +474,9 @@ __all__ = [
     "AdaptiveRetrieval",
     "IRCoT",
     "ainterleave_reasoning",
+    "extract_answer",
+    "first_sentence",
     "interleave_reasoning",
+    "is_reasoning_sentence",
+    "reasoning_query",
 ]

@@ -31,6 +31,15 @@ class NextThought(dspy.Signature):
     thought: str = dspy.OutputField(desc="one new sentence of reasoning")
 
 
+class CoTReader(dspy.Signature):
+    """Answer the question from the passages by reasoning step by step. End the reasoning with the sentence
+    "So the answer is: <answer>.", the answer as short as possible."""
+
+    question: str = dspy.InputField()
+    passages: list[str] = dspy.InputField(desc="retrieved passages, '[i] title | text'")
+    reasoning: str = dspy.OutputField(desc='step-by-step reasoning ending in "So the answer is: <answer>."')
+
+
 class LookAhead(dspy.Signature):
     """Write the next sentence of the answer to the question, continuing the answer written so far and using
     the passages. If you are not confident about a fact the sentence needs, also write a search query that
@@ -125,6 +134,7 @@ class ReviseThought(dspy.Signature):
 
 
 __all__ = [
+    "CoTReader",
     "Complexity",
     "CritiquedAnswer",
     "DraftThoughts",
