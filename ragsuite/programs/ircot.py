@@ -41,6 +41,12 @@ Differences from the original:
   duplicates by id and shows passages whole. Why: ragsuite's corpora are chunked passages with stable ids.
 * ``max_steps`` defaults to 8 sentences; the original allows 10 (``max_num_sentences``). Why: HANRAG's
   reported step counts stay under 8; set ``max_steps=10`` for the authors' cap.
+* ``top_k`` defaults to 4; the authors tune K in {2, 4, 6, 8} and Adaptive-RAG's runs use 6 (Flan-T5) or 3
+  (GPT-3.5) for multi-step and 15 (Flan-T5) or 6 (GPT-3.5) for single-step. Why: one default for every LM;
+  the search space covers theirs.
+* Adaptive-RAG without ``classifier``: the LM classifies the question (``QueryComplexity``), and an
+  unparsable class routes to B; the authors always route with their trained T5 classifier. Why: a
+  trained classifier needs three labelled runs first (``ragsuite classifier train``).
 """
 
 from __future__ import annotations
