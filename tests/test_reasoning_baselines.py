@@ -267,11 +267,29 @@ def test_rat_revises_each_draft_step_with_passages_retrieved_for_it() -> None:
 
 
 def test_rat_caps_the_revised_steps_and_keeps_a_draft_step_it_cannot_revise() -> None:
-    lm = scripted(thoughts=["one.", "two.", "three."], revised_step=["[[ ## nothing ## ]]", "TWO."])
+    lm = scripted(thoughts=["one one.", "two two.", "three."], revised_step=["[[ ## nothing ## ]]", "TWO."])
     prediction = run(RAT(retriever=fresh(1), top_k=1, max_thoughts=2), lm)
-    assert prediction.thoughts == ["one.", "TWO."]
+    assert prediction.thoughts == ["one one.", "TWO."]
     assert prediction.stats["retrievals"] == 2 and prediction.stats["fallbacks"] == 1
     assert next(e for e in prediction.trace if e["stage"] == "draft")["dropped"] == ["three."]
+
+
+def test_rat_revises_at_most_the_authors_three_chunks_and_drops_short_pieces() -> None:
+    # The authors split the draft into fewer than 4 paragraphs and keep pieces longer than 5 characters;
+    # each kept chunk gets one retrieval and one revision.
+    draft = ["## 1", "Jaws was directed by Spielberg.", "", "ok.", "He was born in Ohio."]
+    draft += [f"Step number {i} of the draft." for i in range(3, 10)]
+    retriever = fresh(1)
+    lm = scripted(thoughts=draft, revised_step="revised")
+    prediction = run(RAT(retriever=retriever, top_k=1), lm)
+    assert retriever.queries == [
+        join_query(QUESTION, "Jaws was directed by Spielberg."),
+        join_query(QUESTION, "He was born in Ohio."),
+        join_query(QUESTION, "Step number 3 of the draft."),
+    ]
+    assert len(stage_requests(lm, "revised_step")) == 3 and prediction.stats["lm_calls"] == 1 + 3 + 1
+    event = next(e for e in prediction.trace if e["stage"] == "draft")
+    assert event["too_short"] == ["## 1", "ok."] and len(event["dropped"]) == 6
 
 
 # ----------------------------------------------------------------------------- DeepNote's ablations

@@ -6,12 +6,26 @@ the task's style. The paper generates notes and answer in one output; here they 
 answer uses the same task-specific answer prompts as every other program. An unparsable notes reply falls
 back to the passages themselves as the notes.
 
-RAT (Wang et al., 2024, "Retrieval Augmented Thoughts"): draft a chain of thought without retrieval
-(``DraftThoughts``), then revise it step by step: for step i, retrieve ``top_k`` passages for the question
-and the draft step, and revise the step with them given the already revised steps (``ReviseThought``);
-answer from the revised chain. The paper asks the LM to write each retrieval query; here the draft step
-itself, joined with the question, is the query (one LM call fewer per step). At most ``max_thoughts`` steps
-are revised; an unparsable revision keeps the draft step.
+RAT (Wang et al., 2024, "Retrieval Augmented Thoughts"; the authors' code, github.com/CraftJarvis/RAT,
+``app/gradio_app.py`` and ``creative.ipynb``): draft a chain of thought without retrieval
+(``DraftThoughts``, the authors' draft and split into paragraphs), drop pieces of 5 characters or fewer (their
+``split_draft`` keeps ``len(para) > 5``), and revise the draft chunk by chunk: for chunk i, retrieve
+``top_k`` passages for the question and the chunk, and revise the chunk with them given the already revised
+chunks (``ReviseThought``): one retrieval and one revision per chunk. At most ``max_thoughts`` chunks are
+revised, the authors' 3 (their split asks for fewer than 4 paragraphs; later chunks are dropped); an
+unparsable revision keeps the draft chunk. The reader answers from the revised chain in the task's style.
+
+Differences from the original (RAT):
+
+* Query. The authors ask the LM for a search query per chunk (``get_query``); here the draft chunk joined
+  with the question is the query. Why: one LM call fewer per chunk, and a passage retriever takes the
+  chunk's words directly.
+* What is revised. The authors append chunk i to the answer so far and revise that whole text with each of
+  up to 2 pieces of one retrieved web page (``LIMIT = 2``); ragsuite revises chunk i alone, given the
+  revised chunks before it, with the ``top_k`` passages in one call. Why: a passage retriever returns
+  passages, not a page to cut into pieces; one call per chunk keeps the cost the paper reports per step.
+* Ending. The authors end with a "reflect" call that adds titles to the long answer; ragsuite answers the
+  question from the revised chain with the task's reader. Why: the QA tables score a short answer.
 
 DeepNote's ablations (its Table 2) are presets: ``deepnote-no-adaptive`` answers from the initial note
 (``max_step=0``); ``deepnote-no-adaptive-no-note`` is vanilla RAG over the same first retrieval.
@@ -97,13 +111,13 @@ class RAT(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages retrieved per step (ours: 3).
-        max_thoughts: Most draft steps revised (ours: 5); later steps are dropped.
+        top_k: Passages retrieved per chunk (ours: 3).
+        max_thoughts: Most draft chunks revised (the authors' 3); later chunks are dropped.
 
     Example:
         >>> from ragsuite import programs
         >>> programs.get("rat").default_knobs()
-        {'top_k': 3, 'max_thoughts': 5}
+        {'top_k': 3, 'max_thoughts': 3}
     """
 
     name: ClassVar[str] = "rat"
@@ -115,7 +129,7 @@ class RAT(RAGProgram):
         retriever: Retriever | None = None,
         task: Task = "short",
         top_k: int = 3,
-        max_thoughts: int = 5,
+        max_thoughts: int = 3,
     ) -> None:
         super().__init__(retriever=retriever, task=task)
         self.top_k = check_int("top_k", top_k, minimum=1)
@@ -136,11 +150,15 @@ class RAT(RAGProgram):
         drafted = await self.acall_stage(
             ledger, "draft", self.draft, fallback={"thoughts": []}, question=question
         )
-        draft = [" ".join(str(t).split()) for t in (drafted.thoughts or []) if str(t).strip()]
+        pieces = [str(t) for t in (drafted.thoughts or [])]
+        # The authors' split_draft keeps pieces longer than 5 characters (stray headings, "##", blanks).
+        draft = [" ".join(t.split()) for t in pieces if len(t) > 5 and t.strip()]
+        short = [t for t in pieces if len(t) <= 5 and t.strip()]
         ledger.record(
             "draft",
             thoughts=draft,
             **({"dropped": draft[self.max_thoughts :]} if len(draft) > self.max_thoughts else {}),
+            **({"too_short": short} if short else {}),
         )
         draft = draft[: self.max_thoughts] or [question]  # no draft: one retrieval for the question itself
         revised: list[str] = []
