@@ -315,7 +315,8 @@ def react_lm(turns, answer="Cincinnati"):
             if isinstance(turn, str):
                 return turn
             tool, args = turn
-            return {"next_thought": f"use {tool}", "next_tool_name": tool, "next_tool_args": args}
+            reply = {"next_thought": f"use {tool}", "next_tool_name": tool, "next_tool_args": args}
+            return {k: v for k, v in reply.items() if k in request.output_fields}
         return {"answer": answer}
 
     return ScriptedLM(respond)
@@ -343,16 +344,45 @@ def test_react_searches_until_finish_and_answers_from_the_trajectory() -> None:
     assert "T4 | text 4" in lm.requests[-1].user  # the extraction sees the observations
 
 
-def test_react_stops_at_max_iters_and_counts_an_unparsable_turn() -> None:
+def test_react_stops_at_max_iters() -> None:
     from ragsuite.programs.react import ReActRAG
 
     lm = react_lm([("search", {"query": "a"})] * 2)
     prediction = run(ReActRAG(retriever=fresh(1), max_iters=2), lm)
     assert prediction.stats["lm_calls"] == 2 + 1 and prediction.stats["retrievals"] == 2
-    bad = "[[ ## next_thought ## ]]\nhmm\n\n[[ ## next_tool_name ## ]]\nteleport"
-    lm = react_lm([("search", {"query": "a"}), bad, bad])  # DSPy retries a malformed reply once
+    assert ReActRAG.default_knobs()["max_iters"] == 7  # the authors' HotpotQA budget
+
+
+def test_react_unparsable_turn_gets_the_authors_action_call_and_the_episode_goes_on() -> None:
+    # hotpotqa.ipynb: a reply without "Action i:" keeps its first line as the thought and asks the LM for
+    # the action alone; the episode continues.
+    from ragsuite.programs.react import ReActRAG
+
+    bad = "[[ ## next_thought ## ]]\nSpielberg directed it.\nMore.\n\n[[ ## next_tool_name ## ]]\nteleport"
+    retriever = fresh(1)
+    lm = react_lm(
+        [
+            ("search", {"query": "Jaws director"}),
+            bad,
+            bad,  # DSPy retries a malformed reply once (one LM call)
+            ("search", {"query": "Spielberg birthplace"}),  # the action call
+            ("finish", {}),
+        ]
+    )
+    prediction = run(ReActRAG(retriever=retriever), lm)
+    assert retriever.queries == ["Jaws director", "Spielberg birthplace"]
+    assert prediction.stats["lm_calls"] == 3 + 1 + 1 and prediction.stats["fallbacks"] == 1
+    assert prediction.trajectory["thought_1"] == "Spielberg directed it."
+    act = [r for r in lm.requests if "next_thought" in r.inputs]
+    assert len(act) == 1 and act[0].inputs["next_thought"] == "Spielberg directed it."
+    assert act[0].output_fields == ["next_tool_name", "next_tool_args"]
+    assert prediction.answer == "Cincinnati"
+    # An action the LM still cannot give is an invalid action: observed, and the episode goes on.
+    lm = react_lm([bad, bad, "nonsense", "nonsense", ("finish", {})])
     prediction = run(ReActRAG(retriever=fresh(1)), lm)
-    assert prediction.stats["lm_calls"] == 2 + 1 and prediction.stats["fallbacks"] == 1
+    assert "invalid action" in prediction.trajectory["observation_0"]
+    assert prediction.trajectory["tool_name_1"] == "finish"
+    assert prediction.stats["lm_calls"] == 2 + 1 + 1 and prediction.stats["fallbacks"] == 1
 
 
 def test_react_does_not_hide_a_retrieval_failure_from_the_user() -> None:
