@@ -460,12 +460,13 @@ def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_s
 
 # ----------------------------------------------------------------------------- Self-RAG, prompted
 def test_self_rag_prompted_keeps_the_best_critiqued_candidate():
-    # Self-RAG: a candidate per passage, ranked by w_rel*IsREL + w_sup*IsSUP + w_use*IsUSE (1.0, 1.0, 0.5).
+    # Self-RAG: a candidate per passage, ranked by w_rel*IsREL + w_sup*IsSUP + w_use*IsUSE (1.0, 1.0, 0.5),
+    # IsUSE 1-5 on the authors' -1..1 scale.
     from ragsuite.programs.self_rag import SelfRAGPrompted
 
     critiques = {
         "text 0": {"answer": "Lucas", "relevant": True, "supported": "partially", "usefulness": 5},  # 2.0
-        "text 1": {"answer": "Spielberg", "relevant": True, "supported": "fully", "usefulness": 3},  # 2.25
+        "text 1": {"answer": "Spielberg", "relevant": True, "supported": "fully", "usefulness": 4},  # 2.25
         "text 2": {"answer": "Jaws", "relevant": False, "supported": "fully", "usefulness": 5},  # 1.5
     }
 
@@ -486,6 +487,30 @@ def test_self_rag_prompted_keeps_the_best_critiqued_candidate():
     lm = ScriptedLM(respond)
     alone = run(SelfRAGPrompted(retriever=fresh(3), top_k=3, w_rel=0, w_sup=0, w_use=1), lm)
     assert [p.id for p in alone.passages] == ["p0"]
+
+
+def test_self_rag_prompted_rates_usefulness_on_the_authors_minus_one_to_one_scale():
+    # [Utility:1..5] count -1, -0.5, 0, 0.5, 1. A relevant, partly supported but useless candidate (1.5 - 0.5)
+    # loses to an irrelevant, fully supported, useful one (1.0 + 0.25); on a 0..1 scale it would win.
+    from ragsuite.programs.self_rag import SelfRAGPrompted
+
+    critiques = {
+        "text 0": {"answer": "Lucas", "relevant": True, "supported": "partially", "usefulness": 1},
+        "text 1": {"answer": "Spielberg", "relevant": False, "supported": "fully", "usefulness": 4},
+        "text 2": "[[ ## nothing ## ]]",  # unparsable: no critique, every score 0
+    }
+
+    def respond(request):
+        if "needs_retrieval" in request.output_fields:
+            return {"needs_retrieval": True}
+        if "supported" in request.output_fields:
+            return next(v for k, v in critiques.items() if k in request.inputs["passage"])
+        return {"answer": "Spielberg" if "Spielberg" in request.inputs.get("note", "") else "?"}
+
+    prediction = run(SelfRAGPrompted(retriever=fresh(3), top_k=3), ScriptedLM(respond))
+    scores = [e["score"] for e in prediction.trace if e["stage"] == "critique" and "score" in e]
+    assert scores == [1.0, 1.25, 0.0]
+    assert prediction.answer == "Spielberg" and [p.id for p in prediction.passages] == ["p1"]
 
 
 def test_self_rag_prompted_answers_directly_when_retrieval_is_not_needed():

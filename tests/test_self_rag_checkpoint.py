@@ -144,8 +144,53 @@ def test_registered_with_the_papers_defaults():
         "w_use": 0.5,
         "use_seqscore": True,
     }
-    assert SelfRAG().max_tokens == 15 and SelfRAG(task="long").max_tokens == 300
+    # The README's commands: --max_new_tokens 100 (PopQA, TriviaQA), 50 (PubHealth, ARC), 300 (ASQA).
+    assert SelfRAG().max_tokens == 100 and SelfRAG(task="yesno").max_tokens == 50
+    assert SelfRAG(task="long").max_tokens == 300
     assert clean_generation("[Relevant]Paris[Fully supported][Utility:5]</s>") == "Paris"
+
+
+def test_answers_are_post_processed_as_the_authors_do():
+    # postprocess_answer_option_conditioned, then main()'s "drop one leading # or :".
+    assert clean_generation("[Relevant]: Paris[Fully supported][Utility:5]</s>") == "Paris"
+    assert clean_generation("#Paris\nFrance<|endoftext|>") == "ParisFrance"  # "\n" removed, not a space
+    assert clean_generation("::Paris") == ":Paris"  # one character only
+    # "[Continue to Use Evidence]" is not among the authors' control tokens: it stays.
+    assert clean_generation("Paris[Continue to Use Evidence]") == "Paris[Continue to Use Evidence]"
+
+
+def test_closed_tasks_sum_the_scores_of_candidates_with_the_same_answer():
+    # run_short_form.py with closed=True (PubHealth, ARC): answer2score sums per post-processed answer.
+    # Here two weaker "no" candidates outweigh one stronger "yes".
+    NO = {"[Relevant]": 0.9, "[Irrelevant]": 0.1, "[Fully supported]": 0.8, "[Partially supported]": 0.2}
+    candidates = {
+        "text 0": (
+            "[Relevant]yes[Fully supported][Utility:5]",
+            {"[Relevant]": 1.0, "[Fully supported]": 1.0},
+        ),
+        "text 1": ("[Relevant]no[Fully supported][Utility:3]", NO),
+        "text 2": ("[Relevant]no[Fully supported][Utility:3]", NO),
+    }
+
+    def respond(request):
+        prompt = request.prompt
+        if "<paragraph>" in prompt:
+            text, probs = next(v for k, v in candidates.items() if f"\n{k}</paragraph>" in prompt)
+            return self_rag_reply(text, probs)
+        return self_rag_reply("[Retrieval]", {"[Retrieval]": 0.9, "[No Retrieval]": 0.1})
+
+    retriever = ListRetriever(CORPUS, lambda query, k: [f"p{i}" for i in range(k)])
+    with LocalOpenAIServer(respond, model="selfrag_llama2_7b") as server:
+        lm = build_lm("openai/selfrag_llama2_7b", api_base=server.api_base, cache=False, retries=0)
+        with dspy.context(lm=lm):
+            closed = SelfRAG(retriever=retriever, top_k=3, task="yesno", use_seqscore=False)(
+                question=QUESTION
+            )
+            opened = SelfRAG(retriever=retriever, top_k=3, use_seqscore=False)(question=QUESTION)
+    scores = [e["score"] for e in closed.trace if e["stage"] == "critique"]
+    assert scores[0] > scores[1] == scores[2] and 2 * scores[1] > scores[0]
+    assert closed.answer == "no" and [p.id for p in closed.passages] == ["p1", "p2"]
+    assert opened.answer == "yes" and [p.id for p in opened.passages] == ["p0"]
     with pytest.raises(ConfigError, match="threshold"):
         SelfRAG(threshold=2.0)
 

@@ -1,5 +1,6 @@
-"""Self-RAG (Asai et al., 2024, "Self-RAG"), a baseline of DeepNote's and HANRAG's tables: read from a
-Self-RAG checkpoint (``self-rag``), or prompted (``self-rag-prompted``) for any other LM.
+"""Self-RAG (Asai et al., 2024, "Self-RAG"; the authors' code, github.com/AkariAsai/self-rag,
+``retrieval_lm/run_short_form.py``), a baseline of DeepNote's and HANRAG's tables: read from a Self-RAG
+checkpoint (``self-rag``), or prompted (``self-rag-prompted``) for any other LM.
 
 Self-RAG is a model trained to emit reflection tokens: [Retrieve] (is retrieval needed?), then for each
 retrieved passage a candidate segment with [IsREL] (is the passage relevant?), [IsSUP] (is the segment
@@ -14,9 +15,40 @@ checkpoint served by vLLM, scoring as the authors' short-form inference does (se
 1. ``RetrievalNeed`` stands for [Retrieve]: without retrieval the LM answers from its own knowledge.
 2. With retrieval, ``top_k`` passages are retrieved and, for each, ``CritiquedAnswer`` writes an answer and
    its three critiques (one call per passage, run concurrently).
-3. Each candidate scores ``w_rel * IsREL + w_sup * IsSUP + w_use * IsUSE``, with IsSUP 1 / 0.5 / 0 and IsUSE
-   mapped from 1-5 to 0-1 (the paper's inference weights are 1.0, 1.0 and 0.5); the best candidate's answer,
-   in the task's style, is the answer. Ties keep the retrieval order; an unparsable critique scores 0.
+3. Each candidate scores ``w_rel * IsREL + w_sup * IsSUP + w_use * IsUSE``, with IsREL 1 / 0, IsSUP 1 / 0.5 /
+   0 and IsUSE 1-5 mapped to -1, -0.5, 0, 0.5, 1 (the authors' expectation scale for [Utility:1-5]; the
+   paper's inference weights are 1.0, 1.0 and 0.5); the best candidate's answer, in the task's style, is the
+   answer. Ties keep the retrieval order; an unparsable critique scores 0 (no critique tokens: every score 0,
+   as in the original when a token is missing).
+
+Differences from the original:
+
+* ``self-rag-prompted`` is ragsuite's: the LM states the critiques as DSPy output fields (IsREL and IsSUP as
+  words, IsUSE as a number) instead of reflection-token probabilities, and a reader writes the answer from
+  the best candidate in the task's style. Why: the paper's method needs a Self-RAG checkpoint; the prompted
+  variant keeps its decision and ranking for any LM.
+* The retrieval decision (``self-rag``). The paper retrieves when the normalised probability of
+  [Retrieval] exceeds the threshold; the authors' ``run_short_form.py`` divides the two tokens' *log*
+  probabilities instead (which inverts the decision: a confident [Retrieval] gives a small ratio).
+  ragsuite follows the paper. Why: the code's ratio is a bug the paper's definition does not have.
+* ``w_use`` (``self-rag``). The paper and the README's long-form defaults use 0.5; ``run_short_form.py``'s
+  default, which the README's short-form commands do not override, is 1.0. ragsuite uses 0.5 everywhere.
+  Why: one documented weight; set ``w_use=1.0`` for the authors' short-form runs.
+* Alternatives per token (``self-rag``). The authors ask vLLM for 5000 alternatives per position (32016 for
+  the first token); ragsuite asks for 20 (vLLM's default ceiling, ``--max-logprobs``), so a reflection token
+  outside the top 20 gets the original's missing-token log probability -100. Why: a stock vLLM server
+  refuses more.
+* The decision call (``self-rag``) asks for 1 token; the original generates a whole answer first and uses
+  only its first token's probabilities unless it does not retrieve, when it generates again after
+  "[No Retrieval]". Why: the same decision for one token; the answer comes from the second call in both.
+* Answers of open tasks (``self-rag``). The original returns the best candidate's raw text, reflection
+  tokens included, and scores it by substring match; ragsuite removes them as the original does for closed
+  tasks and for answers without retrieval. Why: EM and F1 would count the tokens as words.
+* ``top_k`` defaults to 5 (the authors' ARC, PubHealth and ASQA commands); their PopQA/TriviaQA command
+  uses 10 (``--ndocs 10``).
+* Long-form generation (the paper's ASQA runs, ``run_long_form_static.py``: segment-level beam search over
+  up to 7 segments) is not implemented; ``self-rag`` with ``task="long"`` generates one segment per
+  passage and keeps the best, as for short answers.
 """
 
 from __future__ import annotations
@@ -40,7 +72,10 @@ from ragsuite.signatures.answer import answer_signature
 from ragsuite.signatures.reasoning import CritiquedAnswer, RetrievalNeed
 
 _SUPPORT = {"fully": 1.0, "partially": 0.5, "no": 0.0}
-CRITIQUE_FALLBACK: dict[str, Any] = {"answer": "", "relevant": False, "supported": "no", "usefulness": 1}
+#: IsUSE 1-5 on the authors' expectation scale for [Utility:1] ... [Utility:5].
+_USEFULNESS = {1: -1.0, 2: -0.5, 3: 0.0, 4: 0.5, 5: 1.0}
+#: An unparsable critique: no critique at all, so every score is 0 (usefulness None is unrated, not 1).
+CRITIQUE_FALLBACK: dict[str, Any] = {"answer": "", "relevant": None, "supported": None, "usefulness": None}
 
 
 def _weight(name: str, value: Any) -> float:
@@ -102,9 +137,9 @@ class SelfRAGPrompted(RAGProgram):
         }
 
     def score(self, critique: Any) -> float:
-        """The weighted critique score of one candidate."""
+        """The weighted critique score of one candidate (IsUSE on the -1..1 scale; unrated: 0)."""
         try:
-            use = (min(max(int(critique.usefulness), 1), 5) - 1) / 4
+            use = _USEFULNESS[min(max(int(critique.usefulness), 1), 5)]
         except (TypeError, ValueError):
             use = 0.0
         relevant = 1.0 if critique.relevant is True else 0.0
@@ -163,16 +198,18 @@ RETRIEVE_TOKENS = ("[Retrieval]", "[No Retrieval]")
 RELEVANCE_TOKENS = ("[Relevant]", "[Irrelevant]")
 SUPPORT_TOKENS = ("[Fully supported]", "[Partially supported]", "[No support / Contradictory]")
 UTILITY_TOKENS = tuple(f"[Utility:{i}]" for i in range(1, 6))
-#: What is removed from a generation to leave its answer (the official postprocessing's list).
+#: What is removed from a generation to leave its answer: the authors' ``control_tokens``, then "</s>",
+#: "\\n" and "<|endoftext|>" (``postprocess_answer_option_conditioned``). "[Continue to Use Evidence]" is
+#: not on their list and stays in the text, as in the original.
 CONTROL_TOKENS = (
     *SUPPORT_TOKENS,
     *RETRIEVE_TOKENS,
-    "[Continue to Use Evidence]",
     *RELEVANCE_TOKENS,
     "<paragraph>",
     "</paragraph>",
     *UTILITY_TOKENS,
     "</s>",
+    "\n",
     "<|endoftext|>",
 )
 #: The log probability the official scoring gives a reflection token missing from a position's alternatives.
@@ -201,11 +238,27 @@ def paragraph(passage: Any) -> str:
     return f"[Retrieval]<paragraph>{passage.title}\n{passage.text}</paragraph>"
 
 
-def clean_generation(text: str) -> str:
-    """A generation without its reflection and control tokens: the answer text."""
+def strip_control_tokens(text: str) -> str:
+    """The authors' ``postprocess_answer_option_conditioned``: :data:`CONTROL_TOKENS` removed, nothing else
+    (the key under which closed tasks sum their candidates' scores)."""
     for token in CONTROL_TOKENS:
         text = text.replace(token, "")
-    return " ".join(text.split())
+    return text
+
+
+def clean_generation(text: str) -> str:
+    """A generation as the authors post-process an answer: the control tokens and newlines removed (lines
+    joined with nothing between them, as theirs are), then one leading "#" or ":" dropped; surrounding
+    spaces are stripped.
+
+    Example:
+        >>> clean_generation("[Relevant]: Paris\\nFrance[Fully supported][Utility:5]</s>")
+        'ParisFrance'
+    """
+    text = strip_control_tokens(text)
+    if text[:1] in ("#", ":"):
+        text = text[1:]
+    return text.strip()
 
 
 @dataclass(frozen=True)
@@ -388,8 +441,12 @@ class SelfRAG(RAGProgram):
        ``[Retrieval]<paragraph>title\\ntext</paragraph>`` (one call per passage, concurrently).
     3. Each candidate scores ``w_rel * relevance + w_sup * support + w_use * utility`` (see
        :func:`reflection_scores`), plus the generation's probability (exp of its mean token log probability)
-       when ``use_seqscore`` (the paper's segment score; the authors' short-form script leaves it off). The
-       best candidate's text, without reflection tokens, is the answer; ties keep the retrieval order.
+       when ``use_seqscore`` (the paper's segment score; the README's short- and long-form commands turn it
+       on with ``--use_seqscore``). For open tasks (``short``, ``long``) the best candidate's text is the
+       answer, ties keeping the retrieval order; for closed tasks (``yesno``, the authors' ``closed`` runs
+       for PubHealth and ARC) the candidates' post-processed answers are grouped, their scores summed, and
+       the answer with the highest sum wins (ties: the one seen first). Answers are post-processed as the
+       authors' (:func:`clean_generation`).
 
     The LM in use must be the checkpoint's OpenAI-compatible endpoint (``openai/<model>`` with ``api_base``);
     any other LM gets an error naming ``self-rag-prompted``. Replies are not cached.
@@ -401,8 +458,8 @@ class SelfRAG(RAGProgram):
         threshold: Retrieve when the normalized P([Retrieval]) is above this (the paper's 0.2).
         w_rel, w_sup, w_use: Critique weights (the paper's 1.0, 1.0, 0.5).
         use_seqscore: Add the generation's probability to each candidate's score.
-        max_tokens: Tokens per generation (default: 15 for short and yes/no answers, as the authors'
-            short-form runs; 300 for long answers).
+        max_tokens: Tokens per generation (default: the README's commands: 100 for short answers as for
+            PopQA and TriviaQA, 50 for yes/no as for PubHealth and ARC, 300 for long answers as for ASQA).
 
     Example:
         >>> from ragsuite import programs
@@ -436,7 +493,7 @@ class SelfRAG(RAGProgram):
             _weight("w_use", w_use),
         )
         self.use_seqscore = check_bool("use_seqscore", use_seqscore)
-        default_tokens = 300 if task == "long" else 15
+        default_tokens = {"short": 100, "yesno": 50, "long": 300}[task]
         self.max_tokens = check_int(
             "max_tokens", default_tokens if max_tokens is None else max_tokens, minimum=1
         )
@@ -519,12 +576,32 @@ class SelfRAG(RAGProgram):
                 **{k: round(v, 4) for k, v in scores.items()},
                 score=round(total, 4),
             )
-        best = max(range(len(passages)), key=lambda i: (totals[i], -i))
-        answer = self._answer(generations[best].text)
-        ledger.record("answer", source="checkpoint", answer=answer, passage_id=passages[best].id)
-        return self.finish(
-            ledger, answer, [passages[best]], candidates=[clean_generation(g.text) for g in generations]
-        )
+        if self.task == "yesno":
+            # The authors' closed tasks: sum the scores of candidates giving the same answer.
+            sums: dict[str, float] = {}
+            for generation, total in zip(generations, totals, strict=True):
+                key = strip_control_tokens(generation.text)
+                sums[key] = sums.get(key, 0.0) + total
+            chosen = max(sums, key=lambda key: sums[key])  # the first of equal sums, as a stable sort
+            kept = [
+                p
+                for p, g in zip(passages, generations, strict=True)
+                if strip_control_tokens(g.text) == chosen
+            ]
+            answer = self._answer(chosen)
+            ledger.record(
+                "answer",
+                source="checkpoint",
+                answer=answer,
+                sums={clean_generation(k): round(v, 4) for k, v in sums.items()},
+                passage_ids=[p.id for p in kept],
+            )
+        else:
+            best = max(range(len(passages)), key=lambda i: (totals[i], -i))
+            answer = self._answer(generations[best].text)
+            kept = [passages[best]]
+            ledger.record("answer", source="checkpoint", answer=answer, passage_id=passages[best].id)
+        return self.finish(ledger, answer, kept, candidates=[clean_generation(g.text) for g in generations])
 
 
 __all__ = [
@@ -532,6 +609,8 @@ __all__ = [
     "Generation",
     "SelfRAG",
     "SelfRAGPrompted",
+    "clean_generation",
     "reflection_scores",
     "self_rag_prompt",
+    "strip_control_tokens",
 ]
