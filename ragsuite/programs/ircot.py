@@ -47,6 +47,9 @@ Differences from the original:
 * Adaptive-RAG without ``classifier``: the LM classifies the question (``QueryComplexity``), and an
   unparsable class routes to B; the authors always route with their trained T5 classifier. Why: a
   trained classifier needs three labelled runs first (``ragsuite classifier train``).
+* Adaptive Retrieval (:class:`AdaptiveRetrieval`, Mallen et al., 2023) retrieves when the question's entity
+  is less popular than a threshold (Wikipedia page views); ragsuite asks the LM whether it needs retrieval
+  (``RetrievalNeed``). Why: no popularity data ships with ragsuite's datasets.
 """
 
 from __future__ import annotations

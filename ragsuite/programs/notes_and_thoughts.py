@@ -2,9 +2,14 @@
 
 Chain-of-Note (Yu et al., 2023): retrieve ``top_k`` passages; write one reading note per passage that says
 what it contributes to the question and whether it is relevant (``ReadingNotes``); answer from the notes in
-the task's style. The paper generates notes and answer in one output; here they are two calls so that the
-answer uses the same task-specific answer prompts as every other program. An unparsable notes reply falls
-back to the passages themselves as the notes.
+the task's style. An unparsable notes reply falls back to the passages themselves as the notes.
+
+Differences from the original (Chain-of-Note; the authors released no code):
+
+* The paper's model writes the notes and the answer in one output; here they are two calls. Why: the answer
+  uses the same task-specific answer prompts as every other program.
+* The paper fine-tunes LLaMa-2 on notes written by GPT-4; here any LM writes them from the instruction.
+  Why: ragsuite's baselines run on the LM under comparison.
 
 RAT (Wang et al., 2024, "Retrieval Augmented Thoughts"; the authors' code, github.com/CraftJarvis/RAT,
 ``app/gradio_app.py`` and ``creative.ipynb``): draft a chain of thought without retrieval
