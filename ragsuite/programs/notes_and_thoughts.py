@@ -8,7 +8,7 @@ Differences from the original (Chain-of-Note; the authors released no code):
 
 * The paper's model writes the notes and the answer in one output; here they are two calls. Why: the answer
   uses the same task-specific answer prompts as every other program.
-* The paper fine-tunes LLaMa-2 on notes written by GPT-4; here any LM writes them from the instruction.
+* The paper fine-tunes LLaMa-2 on notes written by ChatGPT; here any LM writes them from the instruction.
   Why: ragsuite's baselines run on the LM under comparison.
 
 RAT (Wang et al., 2024, "Retrieval Augmented Thoughts"; the authors' code, github.com/CraftJarvis/RAT,
