@@ -143,6 +143,8 @@ def test_registered_with_the_papers_defaults():
         "w_sup": 1.0,
         "w_use": 0.5,
         "use_seqscore": True,
+        "beam_width": 2,  # the authors' long-form defaults
+        "max_depth": 7,  # the README's ASQA command
     }
     # The README's commands: --max_new_tokens 100 (PopQA, TriviaQA), 50 (PubHealth, ARC), 300 (ASQA).
     assert SelfRAG().max_tokens == 100 and SelfRAG(task="yesno").max_tokens == 50
@@ -306,3 +308,73 @@ def test_the_last_attempts_error_is_raised_after_every_retry(caplog):
         "LM call failed (InternalServerError); retry 1",
         "LM call failed (InternalServerError); retry 2",
     ]
+
+
+def test_long_form_answers_by_segment_level_beam_search():
+    # run_long_form_static.py: each beam path continues after each passage; path score = product of segment
+    # scores; beam 2; a path goes on while its segment asks for [Retrieval] ("[No Retrieval]" re-read as
+    # [Retrieval] when (P(Ret) + P(Cont)) / (P(Ret) + P(NoRet)) > threshold); the deepest level's best wins.
+    good = {"[Relevant]": 0.9, "[Irrelevant]": 0.1, "[Fully supported]": 1.0}
+    weak = {"[Relevant]": 0.6, "[Irrelevant]": 0.4, "[Fully supported]": 0.2, "[Partially supported]": 0.8}
+    first = {
+        "text 0": ("[Relevant]Jaws is a 1975 film.[Fully supported][Utility:4][Retrieval]", good),
+        "text 1": ("[Relevant]Jaws is a shark movie.[Partially supported][Utility:3][Retrieval]", weak),
+    }
+    second = {
+        "text 0": (
+            "[Relevant]It was directed by Spielberg.[Fully supported][Utility:5][No Retrieval]",
+            good | {"[No Retrieval]": 0.3, "[Retrieval]": 0.7},
+        ),
+        "text 1": ("[Relevant]It was shot in Maine.[Partially supported][Utility:3][Retrieval]", weak),
+    }
+    third = {
+        "text 0": ("[Relevant]Spielberg was born in Cincinnati.[Fully supported][Utility:5]", good),
+        "text 1": ("[Irrelevant]Maine is a state.[No support / Contradictory][Utility:1]", weak),
+    }
+
+    def respond(request):
+        prompt = request.prompt
+        if "<paragraph>" not in prompt:
+            return self_rag_reply("[Retrieval]", {"[Retrieval]": 0.9, "[No Retrieval]": 0.1})
+        so_far = prompt.split("### Response:\n", 1)[1].split("[Retrieval]<paragraph>", 1)[0]
+        table = third if "Spielberg." in so_far else second if so_far else first
+        text, probs = next(v for k, v in table.items() if f"\n{k}</paragraph>" in prompt)
+        return self_rag_reply(text, probs)
+
+    retriever = ListRetriever(CORPUS, lambda query, k: [f"p{i}" for i in range(k)])
+    with LocalOpenAIServer(respond, model="selfrag_llama2_7b") as server:
+        lm = build_lm("openai/selfrag_llama2_7b", api_base=server.api_base, cache=False, retries=0)
+        with dspy.context(lm=lm):
+            program = SelfRAG(retriever=retriever, top_k=2, task="long", use_seqscore=False, max_depth=4)
+            prediction = program(question=QUESTION)
+        requests = server.requests
+    assert prediction.answer == (
+        "Jaws is a 1975 film. It was directed by Spielberg. Spielberg was born in Cincinnati."
+    )
+    # 1 decision + 2 segments at depth 1 + 2 paths x 2 passages at depths 2 and 3.
+    assert len(requests) == 1 + 2 + 4 + 4 == prediction.stats["lm_calls"]
+    assert all(r.sampling["max_tokens"] == 300 for r in requests[1:])
+    segments = [e for e in prediction.trace if e["stage"] == "segment"]
+    assert [e["depth"] for e in segments] == [1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    # Scores: 2.15 and 1.2 at depth 1; the kept paths multiply them.
+    assert [e["score"] for e in segments[:2]] == [2.15, 1.2]
+    assert segments[2]["path_score"] == round(2.15 * 2.4, 4)
+    # Each child is prompted with its parent's text, reflection tokens included.
+    parent = "[Relevant]Jaws is a 1975 film.[Fully supported][Utility:4]"
+    assert (
+        sum(
+            r.prompt.endswith("</paragraph>") and f"### Response:\n{parent}[Retrieval]<paragraph>" in r.prompt
+            for r in requests
+        )
+        == 2
+    )
+    assert [p.id for p in prediction.passages] == ["p0"]
+    # Beam width 1 keeps only the best path at each depth: 2 + 2 + 2 segment calls.
+    with LocalOpenAIServer(respond, model="selfrag_llama2_7b") as server:
+        lm = build_lm("openai/selfrag_llama2_7b", api_base=server.api_base, cache=False, retries=0)
+        with dspy.context(lm=lm):
+            narrow = SelfRAG(
+                retriever=retriever, top_k=2, task="long", use_seqscore=False, max_depth=4, beam_width=1
+            )
+            narrow(question=QUESTION)
+        assert len(server.requests) == 1 + 2 + 2 + 2
