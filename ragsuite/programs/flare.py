@@ -42,6 +42,9 @@ Differences from the original:
   mid-sentence, keeping the text before it) and then continues; ragsuite writes whole sentences, each with
   an optional query, and rewrites the sentence after a search. The second call's query is ignored (the
   original forbids a search in the tokens right after one). Why: sentence-level DSPy fields.
+* The answer. The authors read the answer off the generated text (what follows "answer is" on
+  2WikiMultihopQA); ragsuite asks the task's reader for it from the generated text, one more LM call.
+  Why: the answer takes the task's answer style (short, yes/no, long) as every program's does.
 * Sentence boundaries come from :func:`ragsuite.programs.ircot.first_sentence` rather than NLTK's Punkt.
   Why: no tokenizer download.
 * Queries other than the question are not cut to 64 tokens (the authors' ``max_query_length``). Why: a
