@@ -423,7 +423,7 @@ def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_s
             {"search_query": "", "sentence": "Jaws is a 1975 film."},
             {"search_query": "director of Jaws birthplace", "sentence": "Its director was born in Ohio."},
             {
-                "search_query": "",
+                "search_query": "Spielberg birthplace",  # ignored: no second search for one sentence
                 "sentence": "Spielberg was born in Cincinnati.",
             },  # regenerated with passages
             {"search_query": "", "sentence": "So the answer is: Cincinnati."},
