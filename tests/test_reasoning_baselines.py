@@ -157,6 +157,15 @@ def test_ircot_queries_with_the_last_sentence_that_is_not_a_conclusion() -> None
     assert retriever.queries[1:] == ["Jaws was directed by Spielberg.", "Jaws was directed by Spielberg."]
 
 
+def test_ircot_keeps_long_passages_and_drops_duplicates_by_id() -> None:
+    # Listed difference: the authors skip paragraphs over 600 words and drop fuzzy near-duplicates; ragsuite
+    # keeps every passage and drops a passage only when its id was collected already.
+    corpus = [Passage("long", "Long", "word " * 700), Passage("a", "A", "x"), Passage("b", "A", "x")]
+    retriever = ListRetriever(corpus, lambda query, k: ["long", "a"] if "Jaws" in query else ["a", "b"])
+    prediction = run(IRCoT(retriever=retriever, top_k=2), scripted(thought=["Ohio.", "So the answer is: x."]))
+    assert [p.id for p in prediction.passages] == ["long", "a", "b"]
+
+
 def test_ircot_sentence_splitting_and_answer_extraction() -> None:
     from ragsuite.programs.ircot import extract_answer, first_sentence, is_reasoning_sentence
 
