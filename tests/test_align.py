@@ -150,7 +150,7 @@ def test_build_makes_the_planted_pairs_for_each_stage(built: dict) -> None:
         inits = pairs_of(record, "note_init")
         if question == TIED:
             assert inits == [] and record["dropped"]["note_init"] == "judge gave the same best and worst"
-            best_note = "note t0.1p0.5"  # the tie named candidate 2, which later stages build on
+            best_note = "note t0.9p0.9"  # no pair: the last note goes on, as the official script does
         else:
             (init,) = inits
             assert (init.chosen_setting, init.rejected_setting) == ((0.5, 0.5), (0.9, 0.1))
@@ -290,9 +290,14 @@ def test_judge_best_worst_reads_numbers_and_refuses_ties_and_out_of_range() -> N
 
     args = {"question": "q", "context": {"passages": ["[1] a | b"]}, "candidates": ["x", "y", "z"]}
     assert judge_best_worst("notes", judge(3, 1), **args) == (2, 0, None)
-    assert judge_best_worst("notes", judge(2, 2), **args) == (1, None, "judge gave the same best and worst")
+    # Without a valid, different worst the verdict names nothing (the official script's except branch).
+    assert judge_best_worst("notes", judge(2, 2), **args) == (
+        None,
+        None,
+        "judge gave the same best and worst",
+    )
     assert judge_best_worst("notes", judge(4, 1), **args) == (None, None, "judge named no valid best")
-    assert judge_best_worst("notes", judge(1, 0), **args) == (0, None, "judge named no valid worst")
+    assert judge_best_worst("notes", judge(1, 0), **args) == (None, None, "judge named no valid worst")
 
 
 def test_counts_parsing_and_seeded_selection() -> None:

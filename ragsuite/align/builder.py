@@ -4,21 +4,56 @@ and the same construction for other programs' decision stages.
 For each sampled training question, every stage is run under nine sampling settings, the grid of the
 official data script (``src/gen_dpo_data.py``): temperature in {0.1, 0.5, 0.9} x top_p in {0.1, 0.5, 0.9}.
 Each question retrieves with one top-k drawn (seeded) from ``top_ks`` (the paper's 3, 5, 7, "multiple top-k
-values to simulate diverse retrieval scenarios"; the official script draws from 3..9). Pairs, per DeepNote
-Appendix D:
+values to simulate diverse retrieval scenarios"). Every reply counts, those that break the stage's format
+included (the official script reads every reply as raw text): judges and labels read a reply's parsed field,
+or its raw text when it has none. Pairs, per DeepNote Appendix D and the official script:
 
 1. **note initialization** (D.1): the nine notes written from the question's passages; the judge LM names the
-   best and the worst (:mod:`ragsuite.align.judge`); an instance without both is dropped.
-2. **query refinement** (D.2): the nine query sets proposed from the judge's best initial note; judged the
-   same way.
+   best and the worst (:mod:`ragsuite.align.judge`). A verdict that names no pair (a tie, a missing or
+   out-of-range number, an unparsable reply) gives no pair, and the *last* note is carried forward as the
+   best, as the official script's ``LLM_score_init_note`` does; the chain goes on.
+2. **query refinement** (D.2): the nine query sets proposed from the best (or carried) initial note; judged,
+   and carried forward, the same way.
 3. **knowledge accumulation** (D.3): the passages retrieved for the best query set, and the nine updates of
-   the best initial note; the program's own NoteCompare stage (run on the judge LM, as the official script
-   does) labels each update better (positive) or not (negative); one of each is drawn at random.
-4. **task-oriented generation** (D.4): vanilla RAG's nine answers from the question's passages, labelled by
-   the task metric: positive when the answer is exact (exact match; for yes/no and long-form datasets, their
-   primary metric is 1), negative when it misses the gold answer (the primary metric is 0); one of each at
-   random. (The official script's rule is the same in spirit: an exact answer is chosen, one that does not
-   contain the gold answer rejected.)
+   the note; the program's own NoteCompare stage (run on the judge LM, as the official script does) labels
+   each update better (positive) or not (negative; an unparsable verdict is "not better", DeepNote's own
+   inference fallback); one of each is drawn at random.
+4. **task-oriented generation** (D.4): vanilla RAG's nine answers from the question's passages. For short
+   answers, the official script's string rules (``LLM_score_rag``, :func:`official_answer_labels`) joined
+   with the task metric: chosen when the answer equals the gold one (or exact match is 1), else, when none
+   does, one containing the gold answer and shorter than twice it; rejected when it does not contain the
+   gold answer (or the primary metric is 0), else, when none, one longer than twice the gold answer. Yes/no
+   and long-form answers are labelled by their metric (the script covers 2WikiMultihopQA only). One of each
+   is drawn at random.
+
+The official sampling: the stages generate up to 1,024 tokens (``gen_dpo_data.py``); the judge, which also
+runs NoteCompare, is sampled at temperature 1.0, top_p 0.9, up to 1,280 tokens (``utils.call_gpt``). These
+are ``ragsuite align build``'s defaults (``--max-tokens``, ``--judge-temperature``, ``--judge-top-p``,
+``--judge-max-tokens``).
+
+Differences from the original (paper says / code does / ragsuite does / why):
+
+* **top-k**: the paper says "multiple top-k values" (3, 5, 7 in its Table 9) / the script draws
+  ``randint(3, 9)`` / ragsuite draws from ``top_ks``, default 3, 5, 7 (``--top-k 3,4,5,6,7,8,9`` for the
+  script's) / the paper's table is what was reported.
+* **the chosen reply parses**: the paper and script have no reply format / every raw reply may be chosen /
+  a reply that breaks the stage's DSPy format is judged, labelled and may be rejected, but a pair whose
+  chosen reply breaks it is dropped ("the chosen reply breaks the stage's format"), and a random draw picks
+  its chosen reply among the replies that parse / training towards replies the program cannot read would
+  teach the model to break its own prompts.
+* **JSON-adapter retries**: no such retry in the script / - / a reply that only DSPy's JSON-adapter retry
+  parsed keeps the retry's prompt (the one it answered), which is its pair's prompt when it is chosen /
+  the reply belongs with the prompt that produced it.
+* **empty replies**: the script draws a pair's replies at random and then drops the pair when the drawn
+  one is empty / ragsuite leaves empty replies out of the draw / the script's draw loses pairs by chance.
+* **NoteCompare's reference note**: the paper compares each update with the question's best note / the
+  script compares every question's updates in a batch with the best note of the batch's *last* question (a
+  loop variable left over) / ragsuite compares with the question's own note / the paper's intent.
+* **unparsable NoteCompare**: the script counts a reply as better when "true" appears anywhere in it /
+  ragsuite counts an unparsable verdict as not better / the same fallback as DeepNote's inference.
+* **gold aliases**: the script compares with 2Wiki's single answer / ragsuite applies the string rules to
+  every alias of the example (any alias may make a reply chosen or keep it from rejection) / datasets with
+  aliases.
 
 Every question's pairs are appended to ``records.jsonl`` the moment it finishes, so a build resumes like
 ``ragsuite eval``; at the end the per-stage counts are drawn (the paper keeps 1,900 / 1,900 / 1,900 / 300 of
@@ -104,18 +139,18 @@ BUILD_CONFIG_KEYS = (
 
 # ---------------------------------------------------------------------------- sampling one stage
 class _Capture(BaseCallback):
-    """Keeps the messages and the reply of the last LM call that finished in its context."""
+    """Keeps the messages and the reply of every LM call that finished in its context, in order."""
 
     def __init__(self) -> None:
         self._started: dict[str, Any] = {}
-        self.last: tuple[Any, Any] | None = None
+        self.calls: list[tuple[Any, Any]] = []
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         self._started[call_id] = inputs.get("messages")
 
     def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
         if exception is None:
-            self.last = (self._started.pop(call_id, None), outputs)
+            self.calls.append((self._started.pop(call_id, None), outputs))
 
 
 def _reply_text(outputs: Any) -> str:
@@ -139,6 +174,10 @@ def sample_stage(
     """Run ``predictor(**inputs)`` once per ``(temperature, top_p)`` setting, concurrently, and keep each
     call's exact chat and raw reply.
 
+    A reply parsed only by DSPy's JSON-adapter retry keeps the retry's chat (the prompt it answered); a
+    reply no adapter parses keeps the stage's own chat and its raw reply, with ``error`` set, so that judges
+    and labels still read it (the official script reads every reply as raw text).
+
     Args:
         predictor: A stage predictor (``dspy.Predict`` or any module taking ``config=``).
         inputs: The stage's inputs.
@@ -159,20 +198,35 @@ def sample_stage(
         try:
             with dspy.context(**overrides):
                 prediction = predictor(**inputs, config={"temperature": temperature, "top_p": top_p})
-        except AdapterParseError:
+        except AdapterParseError as exc:
             sample.error = "unparsable reply"
+            if capture.calls:  # the stage's own prompt and the reply that broke its format
+                sample.messages = _messages(capture.calls[0][0])
+                sample.completion = _reply_text(capture.calls[0][1])
+            else:
+                sample.completion = str(exc.lm_response or "")
             return sample
-        if capture.last is None:
+        if not capture.calls:
             sample.error = "no LM call was seen"
             return sample
-        sample.messages = _messages(capture.last[0])
-        sample.completion = _reply_text(capture.last[1])
+        # The call whose reply was parsed: the last one (the JSON-adapter retry's, when there was one).
+        sample.messages = _messages(capture.calls[-1][0])
+        sample.completion = _reply_text(capture.calls[-1][1])
         sample.values = dict(prediction.items())
         if not sample.messages or not sample.completion.strip():
             sample.error = "empty reply"
         return sample
 
     return run_concurrently(one, list(settings))
+
+
+def shown_text(sample: Sample, field: str) -> str:
+    """What a judge or a label reads of a reply: its parsed ``field`` (a list joined by `` | ``), or the raw
+    reply when it broke the format (the official script reads every reply as raw text)."""
+    if sample.error is None and sample.values.get(field) not in (None, ""):
+        value = sample.values[field]
+        return " | ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+    return sample.completion
 
 
 # ---------------------------------------------------------------------------- recipes
@@ -218,16 +272,29 @@ def _usable(samples: Sequence[Sample], built: Built, *, field: str | None = None
     return ok
 
 
+def _add_pair(stage: str, job: Job, chosen: Sample, rejected: Sample, built: Built, *, label: str) -> None:
+    """Add ``chosen`` over ``rejected`` under the prompt the chosen reply answered; a chosen reply the program
+    cannot parse is no example to train towards, and an empty rejected reply is no contrast."""
+    if not chosen.ok:
+        built.dropped[stage] = "the chosen reply breaks the stage's format"
+    elif not rejected.completion.strip():
+        built.dropped[stage] = "the rejected reply is empty"
+    else:
+        built.pairs.append(pair_of(stage, job.question_id, chosen, rejected, label=label))
+
+
 def _draw_pair(
     stage: str, job: Job, positives: list[Sample], negatives: list[Sample], built: Built, *, label: str
 ) -> None:
-    """One positive and one negative drawn at random (D.3, D.4); the stage is dropped without both."""
+    """One positive that parses and one negative, drawn at random (D.3, D.4); the stage is dropped without
+    both."""
+    positives = [s for s in positives if s.ok]
     if not positives or not negatives:
         built.dropped[stage] = "no positive reply" if not positives else "no negative reply"
         return
     chosen = job.rng.choice(positives)
     rejected = job.rng.choice(negatives)
-    built.pairs.append(pair_of(stage, job.question_id, chosen, rejected, label=label))
+    _add_pair(stage, job, chosen, rejected, built, label=label)
 
 
 class Recipe:
@@ -266,10 +333,11 @@ class DeepNoteRecipe(Recipe):
         "answer": 300,
     }
     LABELS: ClassVar[dict[str, str]] = {
-        "note_init": "judge LM: best and worst of the sampled notes",
-        "query_refine": "judge LM: best and worst of the sampled query sets",
-        "note_update": "NoteCompare (on the judge LM): better = positive, not better = negative",
-        "answer": "task metric of vanilla-RAG answers: exact = positive, missing the gold answer = negative",
+        "note_init": "judge LM: best and worst of the sampled notes (no pair: the last note carried on)",
+        "query_refine": "judge LM: best and worst of the sampled query sets (no pair: the last carried on)",
+        "note_update": "NoteCompare (judge LM): better = positive, not better or unparsable = negative",
+        "answer": "vanilla-RAG answers: the official string rules and the task metric; exact = positive, "
+        "missing the gold answer = negative",
     }
 
     def build(self, job: Job) -> Built:
@@ -278,86 +346,97 @@ class DeepNoteRecipe(Recipe):
         rendered = format_passages(passages)
         self._answer(job, rendered, built)
 
-        # D.1: initial notes, judged.
-        notes = _usable(
-            sample_stage(program.note_init, {"question": question, "passages": rendered}, job.settings),
-            built,
-            field="note",
-        )
+        # D.1: initial notes, judged; without a pair the last note is carried forward (the official rule).
+        notes = _sampled(program.note_init, {"question": question, "passages": rendered}, job, built)
         best_note = self._judged(
             "note_init",
             "notes",
             job,
             notes,
-            [str(s.values["note"]) for s in notes],
+            [shown_text(s, "note") for s in notes],
             {"passages": rendered},
             built,
         )
         if best_note is None:
-            built.dropped.setdefault("query_refine", "no best initial note to refine from")
-            built.dropped.setdefault("note_update", "no best initial note to update")
+            built.dropped.setdefault("query_refine", "no initial note to refine from")
+            built.dropped.setdefault("note_update", "no initial note to update")
             return built
-        note = str(best_note.values["note"])
+        note = shown_text(best_note, "note")
 
-        # D.2: query sets proposed from the best initial note, judged.
+        # D.2: query sets proposed from the best (or carried) initial note, judged the same way.
         refine_inputs = {"question": question, "best_note": note, "asked_queries": []}
-        query_sets = _usable(
-            sample_stage(program.query_refine, refine_inputs, job.settings), built, field="queries"
-        )
+        query_sets = _sampled(program.query_refine, refine_inputs, job, built)
         best_queries = self._judged(
             "query_refine",
             "queries",
             job,
             query_sets,
-            [" | ".join(str(q) for q in s.values["queries"]) for s in query_sets],
+            [shown_text(s, "queries") for s in query_sets],
             {"note": note, "asked_queries": []},
             built,
         )
         if best_queries is None:
-            built.dropped.setdefault("note_update", "no best query set to retrieve with")
+            built.dropped.setdefault("note_update", "no query set to retrieve with")
             return built
 
-        # D.3: updates of the best note with the best queries' passages, labelled by NoteCompare.
-        queries = [str(q) for q in best_queries.values["queries"]]
+        # D.3: updates of the note with the best queries' passages, labelled by NoteCompare.
+        if best_queries.ok and best_queries.values.get("queries"):
+            queries = [str(q) for q in best_queries.values["queries"]]
+        else:  # a reply that broke the format is retrieved with as raw text, as the official script does
+            queries = [best_queries.completion] if best_queries.completion.strip() else []
         text = retrieval_text(queries, question, token_limit=query_token_limit(program.retriever))
         new_passages = program.retrieve(job.ledger, text, job.top_k)
         update_inputs = {"question": question, "best_note": note, "passages": format_passages(new_passages)}
-        updates = _usable(
-            sample_stage(program.note_update, update_inputs, job.settings), built, field="updated_note"
-        )
+        updates = [
+            s for s in _sampled(program.note_update, update_inputs, job, built) if s.completion.strip()
+        ]
 
-        def compare(sample: Sample) -> bool | None:
+        def compare(sample: Sample) -> bool:
             try:
                 with dspy.context(lm=job.judge_lm):
                     verdict = program.note_compare(
-                        question=question, best_note=note, updated_note=str(sample.values["updated_note"])
+                        question=question, best_note=note, updated_note=shown_text(sample, "updated_note")
                     )
             except AdapterParseError:
-                return None
+                # DeepNote's own fallback at inference: an unparsable NoteCompare means "not better".
+                built.unparsable += 1
+                return False
             return decision_value(verdict, "better")[0]
 
         verdicts = run_concurrently(compare, updates)
-        built.unparsable += sum(v is None for v in verdicts)
-        positives = [s for s, v in zip(updates, verdicts, strict=True) if v is True]
-        negatives = [s for s, v in zip(updates, verdicts, strict=True) if v is False]
+        positives = [s for s, v in zip(updates, verdicts, strict=True) if v]
+        negatives = [s for s, v in zip(updates, verdicts, strict=True) if not v]
         _draw_pair("note_update", job, positives, negatives, built, label="note_compare")
         return built
 
     def _answer(self, job: Job, rendered: list[str], built: Built) -> None:
-        """D.4: vanilla RAG's answers from the same passages, labelled by the task metric."""
+        """D.4: vanilla RAG's answers from the same passages, labelled by the task metric and, for short
+        answers, by the official script's string rules (:func:`official_answer_labels`)."""
         info = get_dataset_info(job.dataset)
         predictor = dspy.Predict(answer_signature(job.program.task, "passages"))
         inputs = {"question": job.example.question, "passages": rendered}
-        answers = _usable(sample_stage(predictor, inputs, job.settings), built, field="answer")
+        answers = [s for s in _sampled(predictor, inputs, job, built) if s.completion.strip()]
+        texts = [shown_text(s, "answer") for s in answers]
         exact = "exact_match" if "exact_match" in info.metrics else info.primary_metric
-        positives = [s for s in answers if score_metric(exact, job.example, str(s.values["answer"])) == 1.0]
-        negatives = [
-            s
-            for s in answers
-            if score_metric(info.primary_metric, job.example, str(s.values["answer"])) == 0.0
-        ]
+        positive = {i for i, text in enumerate(texts) if score_metric(exact, job.example, text) == 1.0}
+        negative = {
+            i for i, text in enumerate(texts) if score_metric(info.primary_metric, job.example, text) == 0.0
+        }
         label = f"metric:{exact}=1 vs {info.primary_metric}=0"
-        _draw_pair("answer", job, positives, negatives, built, label=label)
+        if info.task == "short":
+            gold = [str(a) for a in job.example.get("answers") or [] if str(a).strip()]
+            chosen, rejected = official_answer_labels(texts, gold, positive, negative)
+            positive, negative = chosen, rejected
+            label += ", with the official string rules"
+        negative -= positive
+        _draw_pair(
+            "answer",
+            job,
+            [answers[i] for i in sorted(positive)],
+            [answers[i] for i in sorted(negative)],
+            built,
+            label=label,
+        )
 
     def _judged(
         self,
@@ -369,10 +448,15 @@ class DeepNoteRecipe(Recipe):
         context: dict[str, Any],
         built: Built,
     ) -> Sample | None:
-        """Ask the judge for the best and worst; add the pair; return the best sample (or None)."""
+        """Ask the judge for the best and worst of every reply (those that break the format included); add
+        the pair; return the best sample, or the last one when the verdict names no pair (the official
+        script's rule: a tie, a missing number or an unparsable verdict carries its last reply forward)."""
+        if not samples:
+            built.dropped[stage] = "no replies"
+            return None
         if len(samples) < 2:
-            built.dropped[stage] = f"{len(samples)} usable replies of {len(job.settings)}"
-            return samples[0] if samples else None
+            built.dropped[stage] = f"{len(samples)} reply of {len(job.settings)}"
+            return samples[-1]
         best, worst, why = judge_best_worst(
             kind,  # type: ignore[arg-type]
             job.judge_lm,
@@ -380,11 +464,68 @@ class DeepNoteRecipe(Recipe):
             context=context,
             candidates=candidates,
         )
-        if why is not None:
-            built.dropped[stage] = why
-        if best is not None and worst is not None:
-            built.pairs.append(pair_of(stage, job.question_id, samples[best], samples[worst], label="judge"))
-        return samples[best] if best is not None else None
+        if best is None or worst is None:
+            built.dropped[stage] = why or "judge named no pair"
+            if why == "judge reply unparsable":
+                built.unparsable += 1
+            return samples[-1]
+        _add_pair(stage, job, samples[best], samples[worst], built, label="judge")
+        return samples[best]
+
+
+def _sampled(
+    predictor: Callable[..., Any], inputs: Mapping[str, Any], job: Job, built: Built
+) -> list[Sample]:
+    """Every reply of a stage under the job's settings; the unparsable ones are counted, not dropped."""
+    samples = sample_stage(predictor, inputs, job.settings)
+    built.unparsable += sum(s.error is not None for s in samples)
+    return samples
+
+
+def official_answer_labels(
+    texts: Sequence[str], answers: Sequence[str], positive: set[int], negative: set[int]
+) -> tuple[set[int], set[int]]:
+    """The official data script's answer labels (``LLM_score_rag``) joined with the metric's.
+
+    Chosen: a reply equal to the gold answer (stripped, lowercased), besides the metric's ``positive``;
+    when there is none, a reply containing the gold answer and shorter than twice it. Rejected: a reply not
+    containing the gold answer, besides the metric's ``negative``; when there is none, a reply longer than
+    twice the gold answer. With several gold aliases, a reply is chosen or kept from rejection by any of
+    them.
+
+    Args:
+        texts: The replies (parsed answers, or raw text for replies that broke the format).
+        answers: The gold answer aliases.
+        positive: Indices the metric labels positive.
+        negative: Indices the metric labels negative.
+
+    Returns:
+        ``(chosen, rejected)`` index sets.
+
+    Example:
+        >>> official_answer_labels(["Paris", "it is Paris", "Lyon"], ["paris"], set(), set())
+        ({0}, {2})
+        >>> official_answer_labels(["Paris!", "Lyon"], ["Paris"], set(), set())
+        ({0}, {1})
+    """
+    gold = [a for a in answers if a.strip()]
+    if not gold:
+        return set(positive), set(negative)
+    chosen = set(positive) | {
+        i for i, t in enumerate(texts) if any(t.strip().lower() == a.lower() for a in gold)
+    }
+    rejected = set(negative) | {
+        i for i, t in enumerate(texts) if not any(a.lower() in t.lower() for a in gold)
+    }
+    if not chosen:
+        chosen = {
+            i
+            for i, t in enumerate(texts)
+            if any(a.strip().lower() in t.lower() and len(t) < 2 * len(a) for a in gold)
+        }
+    if not rejected:
+        rejected = {i for i, t in enumerate(texts) if all(len(t.strip()) > 2 * len(a) for a in gold)}
+    return chosen, rejected
 
 
 class HANRAGRecipe(Recipe):

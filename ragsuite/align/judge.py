@@ -11,6 +11,10 @@ worst. The instructions below restate the paper's two judging prompts (its Table
 * when no reply is acceptable, or they hardly differ, the judge gives the same number twice, and the
   instance yields no pair (the paper drops instances without both a positive and a negative).
 
+A verdict without a valid best *and* a valid, different worst names neither (the official data script's
+``extract_best_worst``/``LLM_score_*`` rule: a tie, a missing or out-of-range number, or an unparsable reply
+all end in its ``except`` branch); the caller then carries the last sampled reply forward.
+
 Example:
     >>> import dspy
     >>> from ragsuite.testing.scripted import ScriptedLM
@@ -18,6 +22,10 @@ Example:
     >>> judge_best_worst("notes", judge, question="q", context={"passages": ["[1] a | b"]},
     ...                  candidates=["note one", "note two"])
     (1, 0, None)
+    >>> judge = ScriptedLM(lambda request: {"best": 2, "worst": 2})
+    >>> judge_best_worst("notes", judge, question="q", context={"passages": ["[1] a | b"]},
+    ...                  candidates=["note one", "note two"])
+    (None, None, 'judge gave the same best and worst')
 """
 
 from __future__ import annotations
@@ -92,9 +100,9 @@ def judge_best_worst(
         candidates: The replies to judge, in order; they are shown numbered from 1.
 
     Returns:
-        ``(best, worst, why_not)``: 0-based indices into ``candidates``. ``best`` is given whenever the judge
-        named a valid candidate (later stages build on it); ``worst`` is None, with the reason in ``why_not``,
-        when there is no pair: the same number twice, a number out of range, or an unparsable reply.
+        ``(best, worst, why_not)``: 0-based indices into ``candidates``, or ``(None, None, reason)`` when the
+        verdict names no pair: the same number twice, a missing or out-of-range number, or an unparsable
+        reply. A valid best alone is not kept either: the official script discards the whole verdict then.
     """
     signature = _SIGNATURES[kind]
     numbered = [f"[{i}] {text}" for i, text in enumerate(candidates, start=1)]
@@ -108,9 +116,9 @@ def judge_best_worst(
     if best is None:
         return None, None, "judge named no valid best"
     if worst is None:
-        return best, None, "judge named no valid worst"
+        return None, None, "judge named no valid worst"
     if best == worst:
-        return best, None, "judge gave the same best and worst"
+        return None, None, "judge gave the same best and worst"
     return best, worst, None
 
 

@@ -93,6 +93,9 @@ def _register_build(actions: argparse._SubParsersAction) -> None:
     )
     build.add_argument("--out", required=True, type=Path, help="build directory (created; reused to resume)")
     add_lm_arguments(build)
+    for action in build._actions:
+        if action.dest == "max_tokens":
+            action.help = "completion budget per sampled reply (default 1024, the official data script's)"
     judge = build.add_argument_group("judge LM (judges notes and queries, runs NoteCompare)")
     judge.add_argument(
         "--judge-lm",
@@ -101,8 +104,16 @@ def _register_build(actions: argparse._SubParsersAction) -> None:
     )
     judge.add_argument("--judge-api-base", metavar="URL", help="the judge's OpenAI-compatible server, if any")
     judge.add_argument("--judge-api-key-env", metavar="NAME", help="environment variable holding its key")
+    # The official data script's judge call (utils.call_gpt): temperature 1, top_p 0.9, 1280 tokens.
     judge.add_argument(
-        "--judge-temperature", type=float, default=0.0, help="the judge's temperature (default 0)"
+        "--judge-temperature",
+        type=float,
+        default=1.0,
+        help="the judge's temperature (default 1.0, the script's)",
+    )
+    judge.add_argument("--judge-top-p", type=float, default=0.9, help="the judge's top_p (default 0.9)")
+    judge.add_argument(
+        "--judge-max-tokens", type=int, default=1280, help="the judge's reply budget (default 1280)"
     )
     build.set_defaults(func=run_build)
 
@@ -216,7 +227,8 @@ def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         api_base=args.judge_api_base,
         api_key_env=args.judge_api_key_env,
         temperature=args.judge_temperature,
-        max_tokens=args.max_tokens or 1024,
+        top_p=args.judge_top_p,
+        max_tokens=args.judge_max_tokens,
         timeout=args.timeout,
         retries=args.retries,
         cache=not args.no_cache,
@@ -225,7 +237,13 @@ def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         local_options=local,
     )
     check_endpoint(parsed, timeout=min(args.timeout, 10.0))
-    public = {"spec": redact(args.judge_lm), **parsed.public(), "temperature": args.judge_temperature}
+    public = {
+        "spec": redact(args.judge_lm),
+        **parsed.public(),
+        "temperature": args.judge_temperature,
+        "top_p": args.judge_top_p,
+        "max_tokens": args.judge_max_tokens,
+    }
     return lm, public
 
 
@@ -247,6 +265,10 @@ def run_build(args: argparse.Namespace) -> int:
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, on_term)
+
+
+#: Tokens each sampled stage reply may take (the official data script's ``max_tokens``).
+GENERATION_MAX_TOKENS = 1024
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
@@ -284,6 +306,8 @@ def _build(args: argparse.Namespace) -> int:
             f"the {program.name} recipe needs a judge LM: pass --judge-lm SPEC "
             "(the paper: openai/gpt-4o-mini)"
         )
+    if args.max_tokens is None:
+        args.max_tokens = GENERATION_MAX_TOKENS  # the data script's, not the program's inference budget
     main_lm, stage_lms, lm_public = build_lms(args)
     judge_lm, judge_public = _judge_lm(args) if args.judge_lm else (None, None)
     if stage_lms:
