@@ -10,7 +10,7 @@ import pytest
 from ragsuite import programs
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.programs.blendfilter import BlendFilter
-from ragsuite.programs.stages import join_query
+from ragsuite.programs.stages import blend_query
 from ragsuite.retrieval.base import Passage
 from ragsuite.testing.retrievers import ListRetriever
 from ragsuite.testing.scripted import ScriptedLM
@@ -19,10 +19,10 @@ QUESTION = "Which band did the singer of Highway Star later join?"
 CORPUS = [Passage(pid, pid.title(), f"text about {pid}") for pid in ("a", "b", "c", "d", "e", "f")]
 EXTERNAL = "Highway Star is by Deep Purple, sung by Ian Gillan. Black Sabbath"
 INTERNAL = "Ian Gillan joined Black Sabbath in 1983."
-EXTERNAL_QUERY = join_query(
+EXTERNAL_QUERY = blend_query(
     QUESTION, "Highway Star is by Deep Purple, sung by Ian Gillan.", lead="Black Sabbath"
 )
-INTERNAL_QUERY = join_query(QUESTION, INTERNAL)
+INTERNAL_QUERY = blend_query(QUESTION, INTERNAL)
 RESULTS = {QUESTION: ["a", "b", "c"], EXTERNAL_QUERY: ["c", "d"], INTERNAL_QUERY: ["e", "a", "f"]}
 RELEVANT = {"a", "c", "d", "e"}
 
@@ -53,7 +53,13 @@ def run(program, question=QUESTION, reply=responder):
 
 def test_registered_with_paper_defaults() -> None:
     assert programs.get("blendfilter") is BlendFilter
-    assert BlendFilter.default_knobs() == {"top_k": 5, "blend": "both", "filter_mode": "batch"}
+    assert BlendFilter.default_knobs() == {
+        "top_k": 5,
+        "blend": "both",
+        "filter_mode": "batch",
+        "decisions": "generate",
+        "filter_threshold": 0.5,
+    }
     names = {
         name.split(".")[0] for name, _ in BlendFilter(retriever=ListRetriever(CORPUS)).named_predictors()
     }
@@ -134,17 +140,102 @@ def test_retriever_failure_names_the_question() -> None:
         run(BlendFilter(retriever=retriever))
 
 
-@pytest.mark.parametrize("knobs", [{"top_k": 0}, {"blend": "all"}, {"filter_mode": "some"}])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"top_k": 0},
+        {"blend": "all"},
+        {"filter_mode": "some"},
+        {"decisions": "maybe"},
+        {"filter_mode": "per_passage", "decisions": "probability", "filter_threshold": 1.5},
+    ],
+)
 def test_bad_knobs_are_refused(knobs) -> None:
     with pytest.raises(ConfigError):
         BlendFilter(retriever=ListRetriever(CORPUS), **knobs)
 
 
-def test_search_space_samples_valid_knobs() -> None:
+def test_search_space_samples_valid_knobs_with_the_threshold_where_the_filter_uses_it() -> None:
     import optuna
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    for _ in range(6):
+    seen = set()
+    for _ in range(40):
         knobs = BlendFilter.search_space(study.ask())
-        assert set(knobs) == set(BlendFilter.KNOBS)
+        assert set(knobs) <= set(BlendFilter.KNOBS)
+        probability = knobs.get("decisions") == "probability"
+        assert ("decisions" in knobs) == (knobs["filter_mode"] == "per_passage")
+        assert ("filter_threshold" in knobs) == probability
+        seen.add((knobs["filter_mode"], knobs.get("decisions")))
+        program = BlendFilter(retriever=ListRetriever(CORPUS), **knobs)
+        if probability:
+            assert program.decision_knobs()["filter_threshold"].read() == knobs["filter_threshold"]
+    assert seen == {("batch", None), ("per_passage", "generate"), ("per_passage", "probability")}
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"decisions": "probability"},
+        {"filter_threshold": 0.7},
+        {"decisions": "probability", "filter_threshold": 0.3},
+    ],
+)
+def test_batch_filter_refuses_a_threshold_it_cannot_use(knobs) -> None:
+    with pytest.raises(ConfigError, match="filter_mode=per_passage"):
         BlendFilter(retriever=ListRetriever(CORPUS), **knobs)
+
+
+def test_probability_backed_filter_keeps_passages_at_or_above_the_threshold() -> None:
+    probability = {"a": 0.9, "b": 0.2, "c": 0.6, "d": 0.45, "e": 0.55, "f": 0.1}
+
+    def reply(request):
+        if "relevant" in request.output_fields and "passage" in request.inputs:
+            return {"relevant": {"noul": probability[_id(request.inputs["passage"])]}}
+        return responder(request)
+
+    kept = {}
+    for threshold in (0.5, 0.58):
+        program = BlendFilter(
+            retriever=ListRetriever(CORPUS, RESULTS),
+            filter_mode="per_passage",
+            decisions="probability",
+            filter_threshold=threshold,
+        )
+        prediction, _ = run(program, reply=reply)
+        kept[threshold] = [p.id for p in prediction.passages]
+    assert kept[0.5] == ["a", "c", "e"]
+    assert kept[0.58] == ["a", "c"]
+
+
+LONG_KNOWLEDGE = " ".join(f"Fact {i}: Ian Gillan sang with Deep Purple and Black Sabbath." for i in range(15))
+
+
+def long_knowledge(request):
+    if "knowledge" in request.output_fields:
+        return {"knowledge": LONG_KNOWLEDGE}
+    if request.output_fields == ["reasoning", "answer"]:
+        return {"reasoning": LONG_KNOWLEDGE, "answer": "Black Sabbath"}
+    return responder(request)
+
+
+def test_generated_knowledge_reaches_bm25_uncut() -> None:
+    assert len(LONG_KNOWLEDGE) > 900
+    retriever = ListRetriever(CORPUS, RESULTS, default=["f"])  # reads whole queries, as BM25 does
+    run(BlendFilter(retriever=retriever), reply=long_knowledge)
+    external, internal = retriever.queries[1:]
+    # Every word of the generated text is searched for (a 500-character cut dropped 40% of it).
+    assert external == f"{QUESTION}\nBlack Sabbath\n{LONG_KNOWLEDGE}"
+    assert internal == f"{QUESTION}\n{LONG_KNOWLEDGE}"
+
+
+def test_generated_knowledge_fits_colberts_token_window_after_the_question() -> None:
+    retriever = ListRetriever(CORPUS, RESULTS, default=["f"])
+    retriever.query_token_limit = 32  # what ColBERTv2 reads of a query
+    run(BlendFilter(retriever=retriever), reply=long_knowledge)
+    external, internal = retriever.queries[1:]
+    for query in (external, internal):
+        assert query.startswith(f"{QUESTION}\n") and len(query.split()) == 32
+    assert external.split("\n")[1] == "Black Sabbath"  # the generated answer right after the question
+    whole = f"{QUESTION}\n{LONG_KNOWLEDGE}"
+    assert whole.startswith(internal) and internal.split() == whole.split()[:32]

@@ -13,6 +13,7 @@ import pytest
 from ragsuite import programs
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.programs.hanrag import HANRAG, format_steps
+from ragsuite.programs.stages import FilterStage
 from ragsuite.retrieval.base import Passage
 from ragsuite.testing.retrievers import ListRetriever
 from ragsuite.testing.scripted import ScriptedLM
@@ -337,10 +338,29 @@ def test_search_space_samples_valid_knobs() -> None:
     import optuna
 
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    for _ in range(5):
+    seen = set()
+    for _ in range(40):
         knobs = HANRAG.search_space(study.ask())
-        assert set(knobs) == set(HANRAG.KNOBS)
-        HANRAG(retriever=ListRetriever(CORPUS), **knobs)
+        # filter_threshold only where the filter uses it: per passage and probability-backed.
+        uses = knobs["filter_mode"] == "per_passage" and knobs["decisions"] == "probability"
+        assert set(knobs) == set(HANRAG.KNOBS) - ({"filter_threshold"} if not uses else set())
+        seen.add(uses)
+        program = HANRAG(retriever=ListRetriever(CORPUS), **knobs)
+        assert ("filter_threshold" in program.decision_knobs()) == uses
+    assert seen == {True, False}
+
+
+def test_batch_filter_refuses_a_filter_threshold_it_cannot_use() -> None:
+    with pytest.raises(ConfigError, match="filter_mode=per_passage"):
+        HANRAG(retriever=ListRetriever(CORPUS), filter_mode="batch", filter_threshold=0.7)
+    # A probability-backed HANRAG keeps its batch filter generating its list (its router and EndCheck
+    # still state probabilities).
+    program = HANRAG(retriever=ListRetriever(CORPUS), filter_mode="batch", decisions="probability")
+    assert program.filter.decisions == "generate" and "filter_threshold" not in program.decision_knobs()
+    with pytest.raises(ConfigError, match="batch filter"):
+        FilterStage(mode="batch", decisions="probability")
+    with pytest.raises(ConfigError, match="batch filter"):
+        FilterStage(mode="batch", threshold=0.3)
 
 
 def test_per_stage_lm_serves_the_concurrent_filter_calls() -> None:
@@ -440,7 +460,6 @@ def test_batch_filter_reasons_before_its_verdict() -> None:
 
 def test_vanilla_with_a_keep_3_filter_is_the_single_step_chain() -> None:
     from ragsuite.programs.baselines import VanillaRAG
-    from ragsuite.programs.stages import FilterStage
 
     # ANRAG (Algorithm 1): retrieve the top 10, keep the "top 3 relevant passages for Q".
     question = "Which English King was married to Edith Swan-Neck?"

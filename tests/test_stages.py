@@ -133,7 +133,7 @@ def test_blend_stage_makes_external_then_internal_query_joined_with_the_question
     with dspy.context(lm=lm):
         queries = host.stage(host, ledger, QUESTION, PASSAGES)
     assert queries == [
-        f"Harold II\n{QUESTION}\nEdith Swan-neck was Harold's wife.",
+        f"{QUESTION}\nHarold II\nEdith Swan-neck was Harold's wife.",
         f"{QUESTION}\nHarold Godwinson, king of England in 1066.",
     ]
     assert ledger.lm_calls == 2 and len(lm.requests) == 2
@@ -161,7 +161,8 @@ def test_join_query_puts_the_question_first_and_truncates() -> None:
 
 def test_external_blend_query_keeps_the_answer_when_the_reasoning_is_long() -> None:
     # BlendFilter: q_ex = a_ex ⊕ q, and blending is "crucial" for sparse retrieval because it puts the
-    # answer's keywords into the query; a long chain of thought must not push them past the cut.
+    # answer's keywords into the query; a long chain of thought reaches a retriever reading whole queries
+    # uncut, and one with a token window (ColBERT) reads the question and the answer first.
     question = "Where did Anna of Pomerania's father die?"
 
     def responder(request):
@@ -173,8 +174,12 @@ def test_external_blend_query_keeps_the_answer_when_the_reasoning_is_long() -> N
     ledger = host.start(question)
     with dspy.context(lm=ScriptedLM(responder)):
         (query,) = host.stage(host, ledger, question, PASSAGES)
-    assert query.startswith("Stettin\n" + question)
-    assert len(query) == 500
+    assert query == f"{question}\nStettin\n" + " ".join(["long reasoning"] * 60)
+    host.retriever = ListRetriever(PASSAGES)
+    host.retriever.query_token_limit = 32
+    with dspy.context(lm=ScriptedLM(responder)):
+        (query,) = host.stage(host, host.start(question), question, PASSAGES)
+    assert query.startswith(f"{question}\nStettin\nlong") and len(query.split()) == 32
 
 
 def test_retrieve_traced_records_ids_and_counts() -> None:

@@ -111,6 +111,8 @@ def test_thresholds_are_in_the_search_spaces():
         (HANRAG, {"filter_threshold", "end_threshold"}),
     ):
         study = optuna.create_study()
+        # HANRAG's filter threshold is suggested where its filter uses it: per passage, probability-backed.
+        study.enqueue_trial({"filter_mode": "per_passage", "decisions": "probability"})
         knobs = cls.search_space(study.ask())
         assert names <= set(knobs)
         assert all(0.05 <= knobs[n] <= 0.95 for n in names if n.endswith("threshold"))

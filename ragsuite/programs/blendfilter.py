@@ -6,6 +6,29 @@ answer over K_q, the internal query is q joined with the LM's own knowledge (gen
 ``top_k`` for each (K_qex, K_qin); filter each set against q (the paper filters the sets separately, not their
 union, to keep each filtering prompt small); answer from K_q' ∪ K_qex' ∪ K_qin' (deduplicated by id, in that
 order).
+
+Each augmented query reaches the retriever whole when it reads whole queries (BM25, dense), and cut to its
+token window with the question first when it reads only the first tokens (ColBERT's 32):
+:func:`ragsuite.programs.stages.blend_query`.
+
+The knowledge filter can be probability-backed, as DeepNote's NoteCompare and HANRAG's filter are
+(``decisions="probability"``, with ``filter_mode="per_passage"``): the LM states the probability that each
+passage is relevant, and the passage is kept at or above ``filter_threshold``, a knob of the Optuna search
+space. The batch filter (the paper's prompt) lists the relevant passages and states no per-passage
+probability, so ``probability`` or a ``filter_threshold`` with it is refused.
+
+Differences from the original (paper says / code does / ragsuite does / why; no code was released):
+
+* **query order**: the paper writes ``q_ex = a_ex ⊕ q`` (generated text, then the question) and cuts
+  nothing / - / ragsuite puts the question first, then the generated answer, then the reasoning or
+  knowledge, cut only for a retriever with a token window (ColBERT: its first 32 words) / with the paper's
+  order ColBERT would read only the generated text; BM25 and dense retrievers read the same words either way.
+* **per-passage and probability-backed filtering**: the paper filters each set with one prompt listing the
+  relevant documents / - / ``filter_mode="per_passage"`` judges each passage alone, and with
+  ``decisions="probability"`` by a tunable threshold; the default is the paper's batch filter / a tunable
+  filter, like DeepNote's and HANRAG's decisions.
+* **ablations as knobs**: the paper's ablations drop the external or internal query / - / ``blend`` selects
+  them (``"none"`` is filtered vanilla RAG) / tuning and the ablation table.
 """
 
 from __future__ import annotations
@@ -18,8 +41,15 @@ import dspy
 from ragsuite.aio import concurrently, invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, register
-from ragsuite.programs.pipeline import arun_answer, check_int, merge_passages
+from ragsuite.programs.base import DecisionKnob, RAGProgram, register
+from ragsuite.programs.pipeline import (
+    DecisionMode,
+    arun_answer,
+    check_decisions,
+    check_int,
+    check_threshold,
+    merge_passages,
+)
 from ragsuite.programs.stages import BlendStage, FilterMode, FilterStage, aretrieve_traced
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
@@ -42,6 +72,10 @@ class BlendFilter(RAGProgram):
             ``"internal"`` or ``"none"`` (the paper's ablations; ``"none"`` is filtered vanilla RAG).
         filter_mode: ``"batch"`` (one filtering call per retrieved set, as the paper prompts) or
             ``"per_passage"`` (one call per passage).
+        decisions: ``"generate"`` (the filter says which passages are relevant) or ``"probability"``
+            (per-passage filter only: it states the probability that a passage is relevant).
+        filter_threshold: In ``probability`` mode a passage is kept when its probability is >= this (0.5: the
+            LM's own verdict); refused with the batch filter, which cannot use it.
 
     Steps: 2 when the external query is used (its chain of thought is a generation over a first retrieval,
     the paper's "two-hop" remark), else 1. Retrievals: 1 + the number of blended queries.
@@ -55,7 +89,7 @@ class BlendFilter(RAGProgram):
     """
 
     name: ClassVar[str] = "blendfilter"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "blend", "filter_mode")
+    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "blend", "filter_mode", "decisions", "filter_threshold")
 
     def __init__(
         self,
@@ -65,6 +99,8 @@ class BlendFilter(RAGProgram):
         top_k: int = 5,
         blend: BlendChoice = "both",
         filter_mode: FilterMode = "batch",
+        decisions: DecisionMode = "generate",
+        filter_threshold: float = 0.5,
     ) -> None:
         super().__init__(retriever=retriever, task=task)
         self.top_k = check_int("top_k", top_k, minimum=1)
@@ -72,21 +108,44 @@ class BlendFilter(RAGProgram):
             raise ConfigError(f"blend must be one of {', '.join(BLEND_CHOICES)}, not {blend!r}")
         if filter_mode not in ("per_passage", "batch"):
             raise ConfigError(f"filter_mode must be 'per_passage' or 'batch', not {filter_mode!r}")
+        self.decisions = check_decisions(decisions)
+        self.filter_threshold = check_threshold("filter_threshold", filter_threshold)
+        if filter_mode == "batch" and (self.decisions == "probability" or self.filter_threshold != 0.5):
+            raise ConfigError(
+                "the batch filter lists the relevant passages and states no per-passage probability, so it "
+                f"cannot use decisions={self.decisions!r} / filter_threshold={self.filter_threshold}: "
+                "set filter_mode=per_passage for a probability-backed filter"
+            )
         self.blend: BlendChoice = blend
         self.filter_mode: FilterMode = filter_mode
         # One stage per variant, so each has its own stage name (blend_external / blend_internal).
         self.blend_external = BlendStage(which="external") if blend in ("both", "external") else None
         self.blend_internal = BlendStage(which="internal") if blend in ("both", "internal") else None
-        self.filter = FilterStage(mode=filter_mode)
+        self.filter = (
+            FilterStage(mode=filter_mode, decisions=self.decisions, threshold=self.filter_threshold)
+            if filter_mode == "per_passage"
+            else FilterStage(mode=filter_mode)
+        )
         self.answer = dspy.Predict(answer_signature(task, "passages"))
 
     @classmethod
     def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
+        """BlendFilter's knobs; the filter's decisions and threshold only where the filter can use them."""
+        knobs = {
             "top_k": trial.suggest_int("top_k", 3, 10),
             "blend": trial.suggest_categorical("blend", list(BLEND_CHOICES)),
             "filter_mode": trial.suggest_categorical("filter_mode", ["batch", "per_passage"]),
         }
+        if knobs["filter_mode"] == "per_passage":
+            knobs["decisions"] = trial.suggest_categorical("decisions", ["generate", "probability"])
+            if knobs["decisions"] == "probability":
+                knobs["filter_threshold"] = trial.suggest_float("filter_threshold", 0.05, 0.95)
+        return knobs
+
+    def decision_knobs(self) -> dict[str, DecisionKnob]:
+        if self.decisions != "probability":
+            return {}
+        return {"filter_threshold": DecisionKnob(self.filter.per_passage, "relevant", "threshold")}
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)

@@ -144,8 +144,9 @@ class HANRAG(RAGProgram):
             call per retrieval, far cheaper).
         decisions: ``"generate"`` (Filter and EndCheck answer yes or no) or ``"probability"`` (they state the
             probability of yes; a per-passage verdict is relevant, and the steps enough, at or above the
-            threshold; the batch filter has no per-passage probability).
-        filter_threshold: Filter's relevance threshold in ``probability`` mode (0.5: the LM's own verdict).
+            threshold; the batch filter has no per-passage probability and keeps generating its list).
+        filter_threshold: Filter's relevance threshold in ``probability`` mode (0.5: the LM's own verdict);
+            the per-passage filter's only: with ``filter_mode="batch"`` another value is refused.
         end_threshold: EndCheck's threshold in ``probability`` mode.
         route_weight_straightforward, route_weight_single_step, route_weight_compound, route_weight_complex:
             In ``probability`` mode the router states a probability per route and takes the route with the
@@ -203,6 +204,11 @@ class HANRAG(RAGProgram):
         if filter_mode not in ("per_passage", "batch"):
             raise ConfigError(f"filter_mode must be 'per_passage' or 'batch', not {filter_mode!r}")
         self.filter_mode: FilterMode = filter_mode
+        if filter_mode == "batch" and self.filter_threshold != 0.5:
+            raise ConfigError(
+                f"filter_threshold={self.filter_threshold} is the per-passage filter's; the batch filter "
+                "states no per-passage probability: use filter_mode=per_passage or leave filter_threshold out"
+            )
         given = {
             "straightforward": route_weight_straightforward,
             "single-step": route_weight_single_step,
@@ -219,24 +225,33 @@ class HANRAG(RAGProgram):
         self.end_check = decision_predictor(
             EndCheck, "enough", mode=self.decisions, threshold=self.end_threshold
         )
+        per_passage = filter_mode == "per_passage"
         self.filter = FilterStage(
-            mode=filter_mode, keep=self.keep, decisions=self.decisions, threshold=self.filter_threshold
+            mode=filter_mode,
+            keep=self.keep,
+            decisions=self.decisions if per_passage else "generate",
+            threshold=self.filter_threshold if per_passage else None,
         )
         self.answer = HANRAGAnswer(task)
 
     @classmethod
     def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
+        """HANRAG's knobs; ``filter_threshold`` only where the filter uses it (per-passage, probability)."""
+        filter_mode = trial.suggest_categorical("filter_mode", ["per_passage", "batch"])
+        decisions = trial.suggest_categorical("decisions", ["generate", "probability"])
+        knobs = {
             "top_k": trial.suggest_int("top_k", 5, 20, step=5),
             "keep": trial.suggest_int("keep", 1, 5),
             "max_hops": trial.suggest_int("max_hops", 1, 6),
-            "filter_mode": trial.suggest_categorical("filter_mode", ["per_passage", "batch"]),
-            "decisions": trial.suggest_categorical("decisions", ["generate", "probability"]),
-            "filter_threshold": trial.suggest_float("filter_threshold", 0.05, 0.95),
+            "filter_mode": filter_mode,
+            "decisions": decisions,
             "end_threshold": trial.suggest_float("end_threshold", 0.05, 0.95),
             # Log scale: halving a weight matters as much as doubling it.
             **{knob: trial.suggest_float(knob, 0.25, 4.0, log=True) for knob in ROUTE_WEIGHT_KNOBS.values()},
         }
+        if filter_mode == "per_passage" and decisions == "probability":
+            knobs["filter_threshold"] = trial.suggest_float("filter_threshold", 0.05, 0.95)
+        return knobs
 
     def decision_knobs(self) -> dict[str, DecisionKnob]:
         if self.decisions != "probability":

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ from ragsuite.aio import concurrently, run_sync
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger
 from ragsuite.programs.pipeline import DecisionMode, check_decisions, check_threshold, decision_predictor
-from ragsuite.retrieval.base import Passage, Retriever
+from ragsuite.retrieval.base import Passage, Retriever, query_token_limit
 from ragsuite.signatures.answer import format_passages
 from ragsuite.signatures.blendfilter import BlendQueryExternal, BlendQueryInternal
 from ragsuite.signatures.hanrag import Filter, FilterBatch
@@ -43,7 +44,8 @@ logger = logging.getLogger("ragsuite.programs.stages")
 FilterMode = Literal["per_passage", "batch"]
 BlendWhich = Literal["both", "external", "internal"]
 
-#: DeepNote's official code caps a retrieval query at 500 characters; the blended queries follow suit.
+#: DeepNote's official code caps a retrieval query at 500 characters; :func:`join_query` keeps that cap
+#: (BlendFilter's queries are fitted to the retriever instead, see :func:`blend_query`).
 MAX_QUERY_CHARS = 500
 
 
@@ -93,6 +95,28 @@ def join_query(question: str, text: str, *, lead: str = "", max_chars: int = MAX
     return "\n".join(part for part in parts if part)[:max_chars]
 
 
+def blend_query(question: str, text: str, *, lead: str = "", token_limit: int | None = None) -> str:
+    """BlendFilter's augmented query (the question with generated knowledge, ``q ⊕ a``), cut to fit the
+    retriever that reads it: the question, then ``lead`` (a short generated answer), then ``text``.
+
+    A retriever that reads the whole query (BM25, dense: ``token_limit`` None) gets all of it, uncut. One
+    that reads only its first ``token_limit`` tokens (ColBERT: 32) gets the question first and at most
+    ``token_limit`` words: every word is at least one token, so nothing the encoder would read is cut.
+
+    Example:
+        >>> blend_query("Who?", "a b c", lead="X")
+        'Who?\nX\na b c'
+        >>> blend_query("Who is it?", "a b c", lead="X", token_limit=4)
+        'Who is it?\nX'
+    """
+    parts = [" ".join(part.split()) for part in (question, lead, text)]
+    query = "\n".join(part for part in parts if part)
+    if token_limit is None:
+        return query
+    words = list(re.finditer(r"\S+", query))
+    return query if len(words) <= token_limit else query[: words[token_limit - 1].end()]
+
+
 class FilterStage(dspy.Module):
     """Keep only the passages the LM judges relevant to a question (HANRAG's relevance discriminator,
     BlendFilter's knowledge filter).
@@ -114,8 +138,10 @@ class FilterStage(dspy.Module):
         keep: At most this many kept passages are returned, best-ranked first (HANRAG's ANRAG keeps 3;
             ``None`` keeps all).
         decisions: ``"generate"`` (the LM says relevant or not) or ``"probability"`` (per-passage mode: the LM
-            states the probability that the passage is relevant, kept when it is >= ``threshold``).
-        threshold: The relevance threshold in ``probability`` mode.
+            states the probability that the passage is relevant, kept when it is >= ``threshold``). The batch
+            filter states no per-passage probability: ``probability`` with ``batch`` is refused.
+        threshold: The relevance threshold in ``probability`` mode (None: 0.5, the LM's own verdict); a batch
+            filter given another threshold is refused, since it could not use it.
         max_workers: Threads for per-passage calls (``None``: one per passage).
 
     Example:
@@ -130,11 +156,17 @@ class FilterStage(dspy.Module):
         keep: int | None = None,
         max_workers: int | None = None,
         decisions: DecisionMode = "generate",
-        threshold: float = 0.5,
+        threshold: float | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("per_passage", "batch"):
             raise ConfigError(f"filter mode must be 'per_passage' or 'batch', not {mode!r}")
+        if mode == "batch" and (decisions == "probability" or threshold not in (None, 0.5)):
+            raise ConfigError(
+                "the batch filter states no per-passage probability, so it cannot use "
+                f"decisions={decisions!r} or threshold={threshold!r}; use mode='per_passage' for a "
+                "probability-backed filter, or leave both out"
+            )
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ConfigError(f"keep must be an integer >= 1 or None, not {keep!r}")
         self.keep = keep
@@ -145,7 +177,7 @@ class FilterStage(dspy.Module):
         # Only the active mode's predictor exists, so optimizers never tune an unused prompt; distinct names
         # keep a saved per-passage prompt from being loaded into the batch signature.
         self.decisions = check_decisions(decisions)
-        self.threshold = check_threshold("threshold", threshold)
+        self.threshold = check_threshold("threshold", 0.5 if threshold is None else threshold)
         if mode == "per_passage":
             self.per_passage = decision_predictor(
                 Filter, "relevant", mode=self.decisions, threshold=self.threshold
@@ -245,7 +277,9 @@ class BlendStage(dspy.Module):
     """BlendFilter's query blending: new retrieval queries made of the question and generated knowledge.
 
     Call as ``stage(program, ledger, question, passages) -> list[str]``: the augmented queries, external
-    first, each the question joined with the generated text (see :func:`join_query`). ``passages`` are the
+    first, each the question joined with the generated text and cut to fit the program's retriever (see
+    :func:`blend_query`: uncut for BM25 and dense retrievers, ColBERT's token window with the question
+    first). ``passages`` are the
     ones retrieved for the question; only the external variant reads them. The two variants run
     concurrently. One ``"blend"`` trace event per variant records the generated text and the query.
 
@@ -261,19 +295,21 @@ class BlendStage(dspy.Module):
 
     Args:
         which: ``"both"``, ``"external"`` or ``"internal"``.
-        max_query_chars: Cap on each query's length.
+        max_query_chars: An extra cap on each query's length in characters (None: only the retriever's fit).
 
     Example:
         >>> stage = BlendStage(which="both")
         >>> # queries = stage(program, ledger, question, passages)  -> [external query, internal query]
     """
 
-    def __init__(self, *, which: BlendWhich = "both", max_query_chars: int = MAX_QUERY_CHARS) -> None:
+    def __init__(self, *, which: BlendWhich = "both", max_query_chars: int | None = None) -> None:
         super().__init__()
         if which not in ("both", "external", "internal"):
             raise ConfigError(f"blend must be 'both', 'external' or 'internal', not {which!r}")
-        if max_query_chars < 1:
-            raise ConfigError(f"max_query_chars must be >= 1, not {max_query_chars}")
+        if max_query_chars is not None and (
+            isinstance(max_query_chars, bool) or not isinstance(max_query_chars, int) or max_query_chars < 1
+        ):
+            raise ConfigError(f"max_query_chars must be an integer >= 1 or None, not {max_query_chars!r}")
         self.which: BlendWhich = which
         self.max_query_chars = max_query_chars
         self.external = dspy.ChainOfThought(BlendQueryExternal) if which in ("both", "external") else None
@@ -296,6 +332,11 @@ class BlendStage(dspy.Module):
         self, program: RAGProgram, ledger: RunLedger, question: str, passages: Sequence[Passage]
     ) -> list[str]:
         rendered = format_passages(passages)
+        token_limit = query_token_limit(program.retriever)
+
+        def fit(text: str, lead: str = "") -> str:
+            query = blend_query(question, text, lead=lead, token_limit=token_limit)
+            return query if self.max_query_chars is None else query[: self.max_query_chars]
 
         async def generate(variant: str) -> tuple[str, str]:
             if variant == "external":
@@ -310,13 +351,13 @@ class BlendStage(dspy.Module):
                 answer = str(prediction.answer or "").strip()
                 reasoning = str(prediction.reasoning or "").strip()
                 text = f"{reasoning} {answer}".strip()
-                query = join_query(question, reasoning, lead=answer, max_chars=self.max_query_chars)
+                query = fit(reasoning, lead=answer)
             else:
                 prediction = await program.acall_stage(
                     ledger, "blend_internal", self.internal, fallback={"knowledge": ""}, question=question
                 )
                 text = str(prediction.knowledge or "").strip()
-                query = join_query(question, text, max_chars=self.max_query_chars)
+                query = fit(text)
             return text, query
 
         generated = await concurrently(generate, self.variants)
