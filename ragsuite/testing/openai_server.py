@@ -265,7 +265,15 @@ class LocalOpenAIServer:
             parse_chat_messages(p) if endpoint == "chat" else _completion_request(p)  # type: ignore[arg-type]
             for p in prompts
         ]
-        sampling_keys = ("temperature", "top_p", "seed", "max_tokens", "logprobs", "top_logprobs")
+        sampling_keys = (
+            "temperature",
+            "top_p",
+            "seed",
+            "max_tokens",
+            "max_completion_tokens",
+            "logprobs",
+            "top_logprobs",
+        )
         for request in requests:
             request.sampling = {k: body[k] for k in sampling_keys if k in body}
         with self._lock:

@@ -36,9 +36,10 @@ class ScriptedRequest:
         system: The whole system message.
         user: The last user message.
         messages: Every message, demos included.
-        sampling: The request's sampling settings (``temperature``, ``top_p``, ``seed``, ``max_tokens``)
-            where the transport carries them (the local OpenAI-compatible server does; :class:`ScriptedLM`
-            does not), and the log-probability settings (``logprobs``, ``top_logprobs``).
+        sampling: The request's sampling settings (``temperature``, ``top_p``, ``seed``, ``max_tokens`` or
+            ``max_completion_tokens``) where the transport carries them (the local OpenAI-compatible server
+            does; :class:`ScriptedLM` does not), and the log-probability settings (``logprobs``,
+            ``top_logprobs``).
         prompt: The raw prompt of a ``/v1/completions`` request (None for chat requests).
     """
 
