@@ -87,7 +87,6 @@ def test_registered_with_defaults_and_stage_names() -> None:
         "declare_top": 5,
         "n": 10,
         "rerank_by": "auto",
-        "rerank_depth": 100,
         "score_threshold": 0.0,
     }
     program = DiverseRerank(retriever=ListRetriever(CORPUS), rerank_by="lm")
@@ -95,35 +94,78 @@ def test_registered_with_defaults_and_stage_names() -> None:
     assert names == {"knowledge_declare", "knowledge_summarize", "rerank", "answer"}
 
 
-def test_two_retrievers_interleave_then_knowledge_rerank_and_top_n() -> None:
-    sparse = ListRetriever(CORPUS, TABLE)
-    dense = ListRetriever(CORPUS, {QUESTION: ["e", "a", "f"]})
-    program = DiverseRerank(retriever=sparse, second_retriever=dense, pool_k=4, declare_top=2, n=4)
+TEXTS = {
+    "a": ("Ali", "Muhammad Ali's boxing career began in Louisville."),
+    "b": ("Dekkers", "Ramon Dekkers fought Muay Thai in Breda."),
+    "c": ("Weather", "Rain fell on Breda all week."),
+    "d": ("Ali titles", "Muhammad Ali won the world heavyweight titles three times."),
+    "e": ("Dekkers titles", "Ramon Dekkers won eight Muay Thai world titles."),
+    "f": ("Other", "An unrelated passage about gardens."),
+}
+TEXT_CORPUS = [Passage(pid, title, text) for pid, (title, text) in TEXTS.items()]
+
+
+def pool_bm25_order(query: str, pool: list[str]) -> list[str]:
+    from ragsuite.retrieval.rerankers import PoolBM25
+
+    passages = [next(p for p in TEXT_CORPUS if p.id == pid) for pid in pool]
+    scores = PoolBM25().score(query, passages)
+    return [pool[i] for i in sorted(range(len(pool)), key=lambda i: (-scores[i], i))]
+
+
+def test_retriever_mode_reranks_the_whole_pool_first_and_for_each_knowledge_query() -> None:
+    # The paper's order in every mode: rerank the merged pool for the question (§2.2.1), declare from the
+    # top of that ranking (§2.2.2), score every candidate with question + knowledge (§2.2.4). Without a
+    # reranking model, BM25 over the pool scores them: passages only the second retriever found included.
+    sparse = ListRetriever(TEXT_CORPUS, {QUESTION: ["a", "c", "d"]})
+    dense = ListRetriever(TEXT_CORPUS, {QUESTION: ["e", "f", "b"]})
+    program = DiverseRerank(retriever=sparse, second_retriever=dense, pool_k=3, declare_top=2, n=4)
+    assert program.rerank_by == "retriever"
     prediction, lm = run(program)
-    assert dense.queries == [QUESTION]
-    assert sparse.queries[0] == QUESTION and sorted(sparse.queries[1:]) == sorted([RERANK_A, RERANK_B])
+    assert sparse.queries == [QUESTION] and dense.queries == [QUESTION]  # no re-querying
     pool = next(e for e in prediction.trace if e["stage"] == "pool")["passage_ids"]
-    assert pool == ["a", "e", "b", "c", "f", "d"]
+    assert pool == ["a", "e", "c", "f", "d", "b"]
+    reranks = [e for e in prediction.trace if e["stage"] == "rerank"]
+    assert [e["focus"] for e in reranks] == ["", ALI, DEKKERS]
+    assert all(sorted(e["passage_ids"]) == sorted(pool) for e in reranks)  # the whole pool, every time
+    initial = reranks[0]["passage_ids"]
+    assert initial == pool_bm25_order(QUESTION, pool)
+    assert set(initial[:2]) == {"d", "e"}  # the two passages with world titles, one from each retriever
     declared = [r.inputs["passage"] for r in lm.requests if "required_knowledge" in r.output_fields]
-    assert sorted(declared) == sorted([P("a").render(), P("e").render()])  # the top declare_top of the pool
-    summarize = next(r for r in lm.requests if "first_knowledge" in r.output_fields)
-    assert "[1] (A) required:" in summarize.inputs["declarations"]
-    assert "present in this document: E facts" in summarize.inputs["declarations"]
-    rerank = {tuple(e["passage_ids"][:3]): e["focus"] for e in prediction.trace if e["stage"] == "rerank"}
-    # ALI ranking: d, b reached; then a, e, c, f unreached in pool order.  DEKKERS: c, a; then e, b, f, d.
-    assert rerank == {("d", "b", "a"): ALI, ("c", "a", "e"): DEKKERS}
-    assert ids(prediction.passages) == ["d", "c", "b", "a"]
+    assert sorted(declared) == sorted(P2(pid).render() for pid in initial[:2])
+    ali, dekkers = reranks[1]["passage_ids"], reranks[2]["passage_ids"]
+    assert ali == pool_bm25_order(RERANK_A, initial) and ali[0] == "d"
+    assert dekkers == pool_bm25_order(RERANK_B, initial) and dekkers[0] == "e"
+    assert ids(prediction.passages) == interleave_ids([ali, dekkers], 4)
     stats = prediction.stats
-    assert stats["lm_calls"] == 2 + 1 + 1 and stats["retrievals"] == 4 and stats["steps"] == 1
-    assert "[1] D | text d" in lm.requests[-1].inputs["passages"]
+    assert stats["lm_calls"] == 2 + 1 + 1 and stats["retrievals"] == 2 and stats["steps"] == 1
 
 
-def test_single_retriever_uses_its_ranking_as_the_pool() -> None:
-    retriever = ListRetriever(CORPUS, TABLE)
+def P2(pid: str) -> Passage:
+    return next(p for p in TEXT_CORPUS if p.id == pid)
+
+
+def interleave_ids(rankings: list[list[str]], limit: int) -> list[str]:
+    return ids(interleave([[P2(pid) for pid in ranking] for ranking in rankings], limit=limit))
+
+
+def test_retriever_mode_uses_the_retrievers_own_scores_when_it_has_them() -> None:
+    class Scoring(ListRetriever):
+        """A retriever that also scores given passages (as a ColBERT index does)."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.scored: list[tuple[str, list[str]]] = []
+
+        def score(self, query, passages):
+            self.scored.append((query, ids(passages)))
+            return [{"c": 5.0, "b": 3.0}.get(p.id, 0.0) for p in passages]
+
+    retriever = Scoring(TEXT_CORPUS, {QUESTION: ["a", "b", "c"]})
     prediction, _ = run(DiverseRerank(retriever=retriever, pool_k=3, n=2, declare_top=1))
-    pool = next(e for e in prediction.trace if e["stage"] == "pool")["passage_ids"]
-    assert pool == ["a", "b", "c"]
-    assert ids(prediction.passages) == ["b", "c"]  # ALI: b, a, c; DEKKERS: c, a, b -> b, c
+    assert [query for query, _ in retriever.scored] == [QUESTION, RERANK_A, RERANK_B]
+    assert all(sorted(scored) == ["a", "b", "c"] for _, scored in retriever.scored)
+    assert ids(prediction.passages) == ["c", "b"] and retriever.queries == [QUESTION]
 
 
 def test_lm_rerank_scores_every_pool_passage_per_knowledge_query() -> None:
@@ -180,11 +222,14 @@ def test_unparsable_summary_falls_back_to_the_question_and_is_recorded() -> None
             return "no summary"
         return responder(request)
 
-    retriever = ListRetriever(CORPUS, TABLE)
+    retriever = ListRetriever(TEXT_CORPUS, {QUESTION: ["a", "b", "c", "d", "e"]})
     prediction, _ = run(DiverseRerank(retriever=retriever, n=2), reply=reply)
     assert [f["stage"] for f in prediction.trace if "fallback" in f] == ["knowledge_summarize"]
-    assert retriever.queries == [QUESTION, QUESTION, QUESTION]
-    assert ids(prediction.passages) == ["a", "b"]
+    reranks = [e for e in prediction.trace if e["stage"] == "rerank"]
+    # Both knowledge rankings fall back to the question alone: the initial ranking, twice.
+    assert [e["focus"] for e in reranks] == ["", "", ""]
+    assert reranks[1]["passage_ids"] == reranks[2]["passage_ids"] == reranks[0]["passage_ids"]
+    assert ids(prediction.passages) == reranks[0]["passage_ids"][:2]
 
 
 def test_empty_pool_still_answers() -> None:
@@ -208,7 +253,6 @@ def test_second_retriever_failure_names_the_question() -> None:
         {"declare_top": -1},
         {"n": 0},
         {"rerank_by": "cross-encoder"},
-        {"rerank_depth": 0},
         {"score_threshold": 11},
         {"score_threshold": -0.5},
     ],
@@ -278,3 +322,86 @@ def test_model_rerank_needs_a_reranker_and_checks_its_scores() -> None:
     program = DiverseRerank(retriever=ListRetriever(CORPUS, TABLE), reranker=Short())
     with pytest.raises(RetrievalError, match="1 scores for 4 passages"):
         run(program)
+
+
+# ----------------------------------------------------------------------------- the command line
+def tiny_cross_encoder(path) -> None:
+    """A 1-layer random BERT cross-encoder with a word-level tokenizer, built here (no weights downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *"who had more world titles ali dekkers".split()]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+    config = BertConfig(
+        vocab_size=len(words),
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=512,
+        num_labels=1,
+    )
+    BertForSequenceClassification(config).save_pretrained(path)
+    fast.save_pretrained(path)
+
+
+def cli_responder(request):
+    fields = request.output_fields
+    if "required_knowledge" in fields:
+        return {"required_knowledge": [ALI, DEKKERS], "present_knowledge": []}
+    if "first_knowledge" in fields:
+        return {"first_knowledge": ALI, "second_knowledge": DEKKERS}
+    if "score" in fields:
+        return {"score": 5}
+    return {"answer": "yes"}
+
+
+def test_the_reranker_is_reachable_from_the_command_line(tmp_path, capsys) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import json
+
+    from ragsuite.cli import main
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+
+    model = tmp_path / "cross-encoder"
+    tiny_cross_encoder(model)
+    by = {}
+    with LocalOpenAIServer(cli_responder) as server:
+        lm = ["--lm", "openai/scripted", "--api-base", server.api_base, "--no-cache", "--no-progress"]
+        common = ["eval", "--program", "diverse-rerank", "--dataset", "hotpotqa", "--limit", "1"]
+        common += ["--set", "pool_k=4", "--set", "declare_top=1"]
+        for spec in (f"cross-encoder:{model}", "lm", None):
+            out = tmp_path / f"run-{len(by)}"
+            extra = ["--reranker", spec] if spec else []
+            assert main([*common, *extra, "--out", str(out), *lm]) == 0
+            (record,) = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+            reranks = [e for e in record["trace"] if e["stage"] == "rerank"]
+            assert len(reranks) == 3 and len({len(e["passage_ids"]) for e in reranks}) == 1
+            by[spec] = {e["by"] for e in reranks}
+        assert by == {f"cross-encoder:{model}": {"model"}, "lm": {"lm"}, None: {"retriever"}}
+        bad = ["--out", str(tmp_path / "bad"), *lm]
+        assert main([*common, "--reranker", "jina", *bad]) == 2
+        assert "unknown reranker 'jina'" in capsys.readouterr().err
+        assert main([*common, "--reranker", f"cross-encoder:{tmp_path}", *bad]) == 2
+        assert "has no config.json" in capsys.readouterr().err
+        vanilla = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--reranker", "lm", *bad]
+        assert main(vanilla) == 2
+        assert "takes no --reranker" in capsys.readouterr().err
+
+
+def test_a_cross_encoder_scores_every_passage() -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import tempfile
+
+    from ragsuite.retrieval.rerankers import CrossEncoderReranker
+
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_cross_encoder(folder)
+        scores = CrossEncoderReranker(folder, batch_size=2).score(QUESTION, TEXT_CORPUS[:5])
+    assert len(scores) == 5 and all(isinstance(s, float) for s in scores) and len(set(scores)) > 1

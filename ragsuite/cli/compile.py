@@ -46,7 +46,10 @@ OPTIMIZER_HELP = (
 
 
 def program_stages(args: argparse.Namespace, cls: Any) -> dict[str, Any]:
-    """The ``--stage`` objects, checked against what the program's constructor takes."""
+    """The ``--stage`` objects, checked against what the program's constructor takes, and the
+    ``--reranker`` (a model as ``reranker=``; ``lm`` as ``rerank_by="lm"``)."""
+    import inspect
+
     from ragsuite.programs.stages import parse_stage_flags
 
     stages = parse_stage_flags(args.stage)
@@ -56,6 +59,18 @@ def program_stages(args: argparse.Namespace, cls: Any) -> dict[str, Any]:
             f"program {cls.name!r} takes no {', '.join(sorted(unknown))} stage "
             f"(it takes: {', '.join(cls.stage_arguments()) or 'none'})"
         )
+    spec = getattr(args, "reranker", None)
+    if spec:
+        if "reranker" not in inspect.signature(cls.__init__).parameters:
+            raise ConfigError(f"program {cls.name!r} takes no --reranker (diverse-rerank does)")
+        if spec == "lm":
+            if any(item.split("=", 1)[0].strip() == "rerank_by" for item in getattr(args, "set", None) or []):
+                raise ConfigError("give the reranker once: --reranker lm or --set rerank_by=..., not both")
+            stages["rerank_by"] = "lm"
+        else:
+            from ragsuite.retrieval.rerankers import reranker_from_spec
+
+            stages["reranker"] = reranker_from_spec(spec)
     return stages
 
 

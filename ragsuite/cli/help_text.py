@@ -26,7 +26,8 @@ def programs_epilog() -> str:
 
 
 def add_stage_argument(parser: argparse.ArgumentParser) -> None:
-    """``--stage KIND=MODE``: compose a program with a filter or blend stage (vanilla, deepnote)."""
+    """``--stage KIND=MODE``: compose a program with a filter or blend stage (vanilla, deepnote); and
+    ``--reranker SPEC``, the reranking model of a program that takes one (diverse-rerank)."""
     parser.add_argument(
         "--stage",
         action="append",
@@ -34,6 +35,13 @@ def add_stage_argument(parser: argparse.ArgumentParser) -> None:
         metavar="KIND=MODE",
         help="compose the program with a stage (repeatable): filter=per_passage|batch, "
         "blend=both|external|internal (vanilla, deepnote, adaptive-note); saved in program files",
+    )
+    from ragsuite.retrieval.rerankers import RERANKER_SPEC_HELP
+
+    parser.add_argument(
+        "--reranker",
+        metavar="SPEC",
+        help=f"diverse-rerank's reranker: {RERANKER_SPEC_HELP} (default: BM25 over the candidate pool)",
     )
 
 

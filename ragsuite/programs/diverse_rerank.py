@@ -12,21 +12,33 @@ Pipeline, in the paper's order (§2.1-2.3):
    scored with "question + knowledge" as the query; the two rankings are interleaved; the answer is
    generated from the top ``n``.
 
-Rerankers (the paper used the jina-reranker-m0 cross-encoder; ragsuite ships no reranking model):
+Rerankers (the paper used the jina-reranker-m0 cross-encoder); every one scores every pool passage, for the
+question (the initial reranking) and for each "question + knowledge" query:
 
-- ``rerank_by="model"``: any :class:`~ragsuite.retrieval.base.Reranker` passed as ``reranker=`` scores every
-  pool passage, e.g. ColBERT late interaction (``ColBERTv2Index.score``) or a cross-encoder of your own. The
-  paper's pipeline; what ``rerank_by="auto"`` (the default) picks when a reranker is given.
+- ``rerank_by="model"``: any :class:`~ragsuite.retrieval.base.Reranker` passed as ``reranker=``: a
+  cross-encoder (:class:`~ragsuite.retrieval.rerankers.CrossEncoderReranker`), ColBERT late interaction
+  (``ColBERTv2Index.score``) or your own. The paper's pipeline; what ``rerank_by="auto"`` (the default)
+  picks when a reranker is given. From the command line: ``--reranker cross-encoder:PATH`` or
+  ``--reranker colbert:DIR``.
 - ``rerank_by="lm"``: the LM scores every pool passage 0-10 against the question (and the description)
   (:class:`~ragsuite.signatures.rerank.RelevanceScore`), concurrently; ties keep the pool order. Costs
-  3 x pool size LM calls, so use a small ``pool_k``. ``score_threshold`` (not in the paper) drops the
-  candidates an LM ranking scores below it, but never the ranking's best one, so the answer always has
-  evidence: passages the initial ranking drops are neither read by KnowledgeDeclare nor scored again for the
-  knowledge descriptions (fewer LM calls). 0, the default, keeps every candidate.
-- ``rerank_by="retriever"`` (``"auto"`` without a reranker; an approximation, not the paper's method): no
-  initial reranking (the interleaved pool order stands in for it); each description re-queries the primary
-  retriever for ``rerank_depth`` passages and the pool is ordered by that ranking; pool passages the query did
-  not reach (e.g. found only by the second retriever) keep their pool order after the ranked ones.
+  3 x pool size LM calls, so use a small ``pool_k`` (``--reranker lm`` on the command line).
+  ``score_threshold`` (not in the paper) drops the candidates an LM ranking scores below it, but never the
+  ranking's best one, so the answer always has evidence: passages the initial ranking drops are neither read
+  by KnowledgeDeclare nor scored again for the knowledge descriptions (fewer LM calls). 0, the default, keeps
+  every candidate.
+- ``rerank_by="retriever"`` (``"auto"`` without a reranker; no model needed): the primary retriever's own
+  ``score(query, passages)`` when it has one (a ColBERT index), else Okapi BM25 with the pool as the
+  collection (:class:`~ragsuite.retrieval.rerankers.PoolBM25`), so that passages found only by the second
+  retriever are scored too.
+
+Differences from the original (paper says / code does / ragsuite does / why; no code was released):
+
+* **reranking model**: the paper reranks with jina-reranker-m0 (Table 3) / - / ragsuite ships no reranking
+  model: ``--reranker`` loads one, else the LM or BM25 over the pool scores the candidates / model weights
+  are not part of the package.
+* **score threshold**: not in the paper / - / ``score_threshold`` with ``rerank_by="lm"`` drops low-scored
+  candidates (0, the default, keeps all) / fewer LM calls for a tunable cost.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from ragsuite.programs.stages import aretrieve_traced, join_query
 from ragsuite.retrieval.adapt import as_retriever
 from ragsuite.retrieval.base import Passage, Reranker, Retriever
 from ragsuite.retrieval.merge import interleave
+from ragsuite.retrieval.rerankers import PoolBM25
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.rerank import KnowledgeDeclare, KnowledgeSummarize, RelevanceScore
 
@@ -92,8 +105,9 @@ class DiverseRerank(RAGProgram):
         n: Passages given to the answer stage (the paper's best: 10).
         rerank_by: ``"model"``, ``"lm"`` or ``"retriever"`` (see the module docstring); ``"auto"`` picks
             ``"model"`` when a ``reranker`` is given, else ``"retriever"``.
-        rerank_depth: Depth of each rerank retrieval for ``rerank_by="retriever"``.
-        reranker: The scoring model for ``rerank_by="model"`` (e.g. a ``ColBERTv2Index``).
+        rerank_depth: Ignored (``rerank_by="retriever"`` used to re-query the retriever this deep, reaching
+            only part of the pool; it now scores the whole pool); accepted so older program files load.
+        reranker: The scoring model for ``rerank_by="model"`` (e.g. a cross-encoder or a ``ColBERTv2Index``).
         score_threshold: With ``rerank_by="lm"``, candidates scored below it (0-10) leave each ranking,
             the best-scored one excepted; 0 keeps all. Other rerankers' scores have no fixed scale, so it
             does not apply to them.
@@ -110,7 +124,6 @@ class DiverseRerank(RAGProgram):
         "declare_top",
         "n",
         "rerank_by",
-        "rerank_depth",
         "score_threshold",
     )
 
@@ -124,7 +137,7 @@ class DiverseRerank(RAGProgram):
         declare_top: int = 5,
         n: int = 10,
         rerank_by: RerankBy = "auto",
-        rerank_depth: int = 100,
+        rerank_depth: int | None = None,
         reranker: Reranker | None = None,
         score_threshold: float = 0.0,
     ) -> None:
@@ -133,7 +146,11 @@ class DiverseRerank(RAGProgram):
         self.pool_k = check_int("pool_k", pool_k, minimum=1)
         self.declare_top = check_int("declare_top", declare_top, minimum=0)
         self.n = check_int("n", n, minimum=1)
-        self.rerank_depth = check_int("rerank_depth", rerank_depth, minimum=1)
+        if rerank_depth is not None:
+            logger.warning(
+                "diverse-rerank: rerank_depth=%s is ignored; every reranker now scores the whole pool",
+                rerank_depth,
+            )
         if (
             isinstance(score_threshold, bool)
             or not isinstance(score_threshold, (int, float))
@@ -147,11 +164,14 @@ class DiverseRerank(RAGProgram):
             rerank_by = "model" if reranker is not None else "retriever"
         if rerank_by == "model" and not callable(getattr(reranker, "score", None)):
             raise ConfigError(
-                "rerank_by='model' needs reranker=... with a score(query, passages) method, e.g. "
-                "ColBERTv2Index.load(DIR); or use rerank_by='lm' or 'retriever'"
+                "rerank_by='model' needs reranker=... with a score(query, passages) method (on the command "
+                "line: --reranker cross-encoder:PATH or colbert:DIR); or use rerank_by='lm' or 'retriever'"
             )
         self.rerank_by: RerankBy = rerank_by
         self.reranker = reranker
+        # The retriever mode's scorer: the retriever's own scoring of given passages, else BM25 over the pool.
+        own = getattr(self.retriever, "score", None)
+        self._pool_scorer: Reranker = self.retriever if callable(own) else PoolBM25()  # type: ignore[assignment]
         self.knowledge_declare = dspy.Predict(KnowledgeDeclare)
         self.knowledge_summarize = dspy.Predict(KnowledgeSummarize)
         self.rerank = dspy.Predict(RelevanceScore) if rerank_by == "lm" else None
@@ -184,15 +204,14 @@ class DiverseRerank(RAGProgram):
             return self.finish(ledger, answer, [])
 
         # The paper's initial reranking: the declarations read the top of the pool ranked for the question.
-        initial = pool if self.rerank_by == "retriever" else await self._rerank(ledger, question, "", pool)
-        if initial is not pool:
-            ledger.record(
-                "rerank",
-                by=self.rerank_by,
-                focus="",
-                passage_ids=[p.id for p in initial],
-                **_dropped(pool, initial),
-            )
+        initial = await self._rerank(ledger, question, "", pool)
+        ledger.record(
+            "rerank",
+            by=self.rerank_by,
+            focus="",
+            passage_ids=[p.id for p in initial],
+            **_dropped(pool, initial),
+        )
         declarations = await concurrently(
             lambda item: self._declare(ledger, question, *item),
             list(enumerate(initial[: self.declare_top], start=1)),
@@ -244,35 +263,25 @@ class DiverseRerank(RAGProgram):
     async def _rerank(
         self, ledger: RunLedger, question: str, focus: str, pool: list[Passage]
     ) -> list[Passage]:
-        """The pool ordered for ``question`` + ``focus`` (the question alone when ``focus`` is empty); ties
-        and unreached passages keep the pool order."""
-        if self.rerank_by in ("model", "lm"):
-            if self.rerank_by == "model":
-                # A cross-encoder is blocking compute: a worker thread in an asynchronous run.
-                scores = await in_thread(self._model_scores, join_query(question, focus), pool)
-            else:
-                scores = await concurrently(
-                    lambda passage: self._score(ledger, question, focus, passage), pool
-                )
-            order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
-            ranked = [pool[i].with_score(scores[i]) for i in order]
-            if self.rerank_by == "lm" and self.score_threshold > 0:
-                # The best candidate stays even below the threshold: an empty ranking would leave the
-                # answer without evidence.
-                return [ranked[0]] + [p for p in ranked[1:] if (p.score or 0.0) >= self.score_threshold]
-            return ranked
-        hits = await aretrieve_traced(
-            self, ledger, join_query(question, focus), self.rerank_depth, focus=focus
-        )
-        rank = {}
-        for position, hit in enumerate(hits):
-            rank.setdefault(hit.id, (position, hit.score))
-        unreached = len(hits)
-        order = sorted(range(len(pool)), key=lambda i: (rank.get(pool[i].id, (unreached,))[0], i))
-        return [pool[i].with_score(rank[pool[i].id][1]) if pool[i].id in rank else pool[i] for i in order]
+        """Every passage of ``pool`` scored for ``question`` + ``focus`` (the question alone when ``focus``
+        is empty), best first; ties keep the pool order."""
+        if self.rerank_by == "lm":
+            scores = await concurrently(lambda passage: self._score(ledger, question, focus, passage), pool)
+        else:
+            scorer = self.reranker if self.rerank_by == "model" else self._pool_scorer
+            # A cross-encoder is blocking compute: a worker thread in an asynchronous run.
+            scores = await in_thread(self._model_scores, scorer, join_query(question, focus), pool)
+        order = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+        ranked = [pool[i].with_score(scores[i]) for i in order]
+        if self.rerank_by == "lm" and self.score_threshold > 0:
+            # The best candidate stays even below the threshold: an empty ranking would leave the answer
+            # without evidence.
+            return [ranked[0]] + [p for p in ranked[1:] if (p.score or 0.0) >= self.score_threshold]
+        return ranked
 
-    def _model_scores(self, query: str, pool: list[Passage]) -> list[float]:
-        scores = [float(score) for score in self.reranker.score(query, pool)]  # type: ignore[union-attr]
+    @staticmethod
+    def _model_scores(scorer: Any, query: str, pool: list[Passage]) -> list[float]:
+        scores = [float(score) for score in scorer.score(query, pool)]
         if len(scores) != len(pool):
             raise RetrievalError(f"the reranker returned {len(scores)} scores for {len(pool)} passages")
         return scores

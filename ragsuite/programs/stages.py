@@ -104,10 +104,10 @@ def blend_query(question: str, text: str, *, lead: str = "", token_limit: int | 
     ``token_limit`` words: every word is at least one token, so nothing the encoder would read is cut.
 
     Example:
-        >>> blend_query("Who?", "a b c", lead="X")
-        'Who?\nX\na b c'
-        >>> blend_query("Who is it?", "a b c", lead="X", token_limit=4)
-        'Who is it?\nX'
+        >>> blend_query("Who?", "a b c", lead="X").split("\\n")
+        ['Who?', 'X', 'a b c']
+        >>> blend_query("Who is it?", "a b c", lead="X", token_limit=4).split("\\n")
+        ['Who is it?', 'X']
     """
     parts = [" ".join(part.split()) for part in (question, lead, text)]
     query = "\n".join(part for part in parts if part)
