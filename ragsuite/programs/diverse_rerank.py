@@ -105,8 +105,6 @@ class DiverseRerank(RAGProgram):
         n: Passages given to the answer stage (the paper's best: 10).
         rerank_by: ``"model"``, ``"lm"`` or ``"retriever"`` (see the module docstring); ``"auto"`` picks
             ``"model"`` when a ``reranker`` is given, else ``"retriever"``.
-        rerank_depth: Ignored (``rerank_by="retriever"`` used to re-query the retriever this deep, reaching
-            only part of the pool; it now scores the whole pool); accepted so older program files load.
         reranker: The scoring model for ``rerank_by="model"`` (e.g. a cross-encoder or a ``ColBERTv2Index``).
         score_threshold: With ``rerank_by="lm"``, candidates scored below it (0-10) leave each ranking,
             the best-scored one excepted; 0 keeps all. Other rerankers' scores have no fixed scale, so it
@@ -137,7 +135,6 @@ class DiverseRerank(RAGProgram):
         declare_top: int = 5,
         n: int = 10,
         rerank_by: RerankBy = "auto",
-        rerank_depth: int | None = None,
         reranker: Reranker | None = None,
         score_threshold: float = 0.0,
     ) -> None:
@@ -146,11 +143,6 @@ class DiverseRerank(RAGProgram):
         self.pool_k = check_int("pool_k", pool_k, minimum=1)
         self.declare_top = check_int("declare_top", declare_top, minimum=0)
         self.n = check_int("n", n, minimum=1)
-        if rerank_depth is not None:
-            logger.warning(
-                "diverse-rerank: rerank_depth=%s is ignored; every reranker now scores the whole pool",
-                rerank_depth,
-            )
         if (
             isinstance(score_threshold, bool)
             or not isinstance(score_threshold, (int, float))
