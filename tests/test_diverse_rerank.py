@@ -405,3 +405,17 @@ def test_a_cross_encoder_scores_every_passage() -> None:
         tiny_cross_encoder(folder)
         scores = CrossEncoderReranker(folder, batch_size=2).score(QUESTION, TEXT_CORPUS[:5])
     assert len(scores) == 5 and all(isinstance(s, float) for s in scores) and len(set(scores)) > 1
+
+
+@pytest.mark.slow
+def test_a_colbert_checkpoint_reranks_from_the_command_line_spec(tmp_path) -> None:
+    pytest.importorskip("colbert")
+    from ragsuite.retrieval.colbert.checkpoint import build_tiny_checkpoint
+    from ragsuite.retrieval.rerankers import ColBERTReranker, reranker_from_spec
+
+    checkpoint = build_tiny_checkpoint(TEXT_CORPUS * 20, tmp_path / "ckpt", vocab_size=300)
+    reranker = reranker_from_spec(f"colbert:{checkpoint}")
+    assert isinstance(reranker, ColBERTReranker)
+    exact = P2("e").render()  # a random checkpoint finds an exact-text query's passage
+    scores = reranker.score(exact, TEXT_CORPUS)
+    assert len(scores) == len(TEXT_CORPUS) and max(range(len(scores)), key=scores.__getitem__) == 4

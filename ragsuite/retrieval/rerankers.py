@@ -8,8 +8,8 @@
 * :class:`CrossEncoderReranker`: a Hugging Face cross-encoder (a sequence-classification model reading the
   query and the passage together, e.g. ``BAAI/bge-reranker-v2-m3`` downloaded to a folder), from a local
   path; needs ``transformers`` and ``torch`` (the ``dense`` extra).
-* A ColBERTv2 index (:class:`~ragsuite.retrieval.colbert.index.ColBERTv2Index`, ``colbert`` extra) scores any
-  passages by late interaction with its checkpoint.
+* :class:`ColBERTReranker`: late interaction with a ColBERT checkpoint (``colbert`` extra); a ColBERTv2 index
+  (:class:`~ragsuite.retrieval.colbert.index.ColBERTv2Index`) scores any passages the same way.
 
 :func:`reranker_from_spec` builds one from a command-line spec: ``cross-encoder:PATH`` or ``colbert:DIR``.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,8 +37,9 @@ _WORD = re.compile(r"(?u)\b\w\w+\b")
 #: The spec forms :func:`reranker_from_spec` accepts.
 RERANKER_SPEC_HELP = (
     "the reranking model: cross-encoder:PATH (a Hugging Face cross-encoder folder, e.g. a downloaded "
-    "bge-reranker-v2-m3; needs transformers and torch), colbert:DIR (a ColBERTv2 index built by `ragsuite "
-    "index`, scoring with its checkpoint), or lm (the LM scores each passage 0-10)"
+    "bge-reranker-v2-m3; needs transformers and torch), colbert:DIR (a ColBERT checkpoint folder, or a "
+    "ColBERTv2 index built by `ragsuite index`, scoring with its checkpoint), or lm (the LM scores each "
+    "passage 0-10)"
 )
 
 
@@ -162,8 +164,55 @@ class CrossEncoderReranker:
         return {"kind": "cross-encoder", "path": str(self.path), "max_length": self.max_length}
 
 
+class ColBERTReranker:
+    """Late-interaction (MaxSim) scores from a ColBERT checkpoint alone, no index: the sum over query tokens
+    of the best dot product with any document token (as :meth:`ColBERTv2Index.score
+    <ragsuite.retrieval.colbert.index.ColBERTv2Index.score>` scores with an index's checkpoint).
+
+    Args:
+        checkpoint: A local ColBERT checkpoint folder (``config.json``; e.g. ``colbert-ir/colbertv2.0``
+            downloaded) or a model-hub name.
+
+    Raises:
+        ConfigError: a folder without ``config.json``, or colbert-ai not installed (the ``colbert`` extra).
+    """
+
+    def __init__(self, checkpoint: str | Path) -> None:
+        from ragsuite.errors import require
+        from ragsuite.retrieval.colbert.compat import patch_colbert_for_transformers
+        from ragsuite.retrieval.colbert.index import _colbert_run, _resolve_checkpoint
+
+        require("colbert", extra="colbert", feature="A ColBERT reranker")
+        patch_colbert_for_transformers()
+        from colbert.infra.config import ColBERTConfig
+        from colbert.modeling.checkpoint import Checkpoint
+
+        self.checkpoint = _resolve_checkpoint(checkpoint)
+        self._run = _colbert_run
+        self._root = Path(tempfile.gettempdir())  # colbert-ai's run root; inference writes nothing there
+        with _colbert_run(self._root):
+            config = ColBERTConfig.load_from_checkpoint(self.checkpoint) or ColBERTConfig()
+            self._model = Checkpoint(self.checkpoint, colbert_config=config)
+
+    def score(self, query: str, passages: Sequence[Passage]) -> list[float]:
+        """One late-interaction score per passage for ``query``."""
+        if not passages:
+            return []
+        with self._run(self._root):
+            Q = self._model.queryFromText([query])[0]  # (query tokens, dim)
+            D = self._model.docFromText([p.render() for p in passages], bsize=64)[0]
+            token_scores = D.float() @ Q.float().T  # (docs, doc tokens, query tokens)
+            # docFromText zeroes padding and punctuation tokens: they must never be a token's best match.
+            token_scores[D.abs().sum(dim=-1) == 0] = float("-inf")
+            return [float(s) for s in token_scores.max(dim=1).values.sum(dim=-1)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "colbert-checkpoint", "checkpoint": self.checkpoint}
+
+
 def reranker_from_spec(spec: str) -> Any:
-    """A reranker from ``cross-encoder:PATH`` or ``colbert:DIR``.
+    """A reranker from ``cross-encoder:PATH`` or ``colbert:DIR`` (a ColBERT index built by ``ragsuite index``,
+    or a checkpoint folder).
 
     Raises:
         ConfigError: another form (the message lists them), or a model that cannot be loaded.
@@ -172,10 +221,10 @@ def reranker_from_spec(spec: str) -> Any:
     if sep and where and kind == "cross-encoder":
         return CrossEncoderReranker(where)
     if sep and where and kind == "colbert":
-        from ragsuite.retrieval.colbert.index import ColBERTv2Index
+        from ragsuite.retrieval.colbert.index import ColBERTv2Index, is_colbert_index
 
-        return ColBERTv2Index.load(where)
+        return ColBERTv2Index.load(where) if is_colbert_index(where) else ColBERTReranker(where)
     raise ConfigError(f"unknown reranker {spec!r}; use {RERANKER_SPEC_HELP}")
 
 
-__all__ = ["RERANKER_SPEC_HELP", "CrossEncoderReranker", "PoolBM25", "reranker_from_spec"]
+__all__ = ["RERANKER_SPEC_HELP", "ColBERTReranker", "CrossEncoderReranker", "PoolBM25", "reranker_from_spec"]
