@@ -391,19 +391,19 @@ class DeepNoteRecipe(Recipe):
             s for s in _sampled(program.note_update, update_inputs, job, built) if s.completion.strip()
         ]
 
-        def compare(sample: Sample) -> bool:
+        def compare(sample: Sample) -> bool | None:
             try:
                 with dspy.context(lm=job.judge_lm):
                     verdict = program.note_compare(
                         question=question, best_note=note, updated_note=shown_text(sample, "updated_note")
                     )
             except AdapterParseError:
-                # DeepNote's own fallback at inference: an unparsable NoteCompare means "not better".
-                built.unparsable += 1
-                return False
+                return None
             return decision_value(verdict, "better")[0]
 
         verdicts = run_concurrently(compare, updates)
+        built.unparsable += sum(v is None for v in verdicts)
+        # DeepNote's own fallback at inference: an unparsable NoteCompare means "not better", a negative.
         positives = [s for s, v in zip(updates, verdicts, strict=True) if v]
         negatives = [s for s, v in zip(updates, verdicts, strict=True) if not v]
         _draw_pair("note_update", job, positives, negatives, built, label="note_compare")
