@@ -36,7 +36,7 @@ from ragsuite.retrieval.base import Passage
 _WORD = re.compile(r"(?u)\b\w\w+\b")
 #: The spec forms :func:`reranker_from_spec` accepts.
 RERANKER_SPEC_HELP = (
-    "the reranking model: cross-encoder:PATH (a Hugging Face cross-encoder folder, e.g. a downloaded "
+    "cross-encoder:PATH (a Hugging Face cross-encoder folder, e.g. a downloaded "
     "bge-reranker-v2-m3; needs transformers and torch), colbert:DIR (a ColBERT checkpoint folder, or a "
     "ColBERTv2 index built by `ragsuite index`, scoring with its checkpoint), or lm (the LM scores each "
     "passage 0-10)"
