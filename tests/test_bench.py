@@ -239,9 +239,7 @@ def test_table_formats(tmp_path) -> None:
     cells = bench.plan(spec, out=tmp_path, lms=["openai/gpt-4o-mini"])
     md = bench.table(spec, cells)
     assert md.splitlines()[2] == "| vanilla | – | – | – | – |"  # nothing run: no number, not 0.0
-    assert (
-        md.splitlines()[3] == "|   published (GPT-4o-mini) | 44.0 | 52.2 | 40.0 | 45.4 |"
-    )
+    assert md.splitlines()[3] == "|   published (GPT-4o-mini) | 44.0 | 52.2 | 40.0 | 45.4 |"
     csv = bench.table(spec, cells, fmt="csv")
     assert csv.splitlines()[2] == "published (GPT-4o-mini),44.0,52.2,40.0,45.4"
     latex = bench.table(spec, cells, fmt="latex")
