@@ -201,7 +201,7 @@ def load_spec(path: str | os.PathLike[str]) -> BenchSpec:
         if table is None:
             raise ConfigError(f"{path}: backbone needs a published table")
         check_backbone(table, backbone)
-    name = raw.get("name", path.stem)
+    name = raw.get("name", _label(path.stem))
     if not isinstance(name, str) or not _safe_name(name):
         raise ConfigError(
             f"{path}: name {name!r} must be a plain name (letters, digits, . _ + -): it names the run "
@@ -284,10 +284,10 @@ def eval_argv(spec: BenchSpec, cell: Cell, extra: Sequence[str] = ()) -> list[st
     argv += ["--out", str(cell.out_dir)]
     if spec.limit is not None:
         argv += ["--limit", str(spec.limit)]
+    # The program's [set.PROGRAM] knobs, then the variant's own (a variant's row label is not a program).
     knobs = dict(spec.knobs.get(program, {}))
     if cell.program in spec.variants:
         knobs.update(spec.variants[cell.program].knobs)
-    knobs.update(spec.knobs.get(cell.program, {}) if cell.program != program else {})
     for knob, value in knobs.items():
         argv += ["--set", f"{knob}={json.dumps(value)}"]
     return [*argv, *extra]
