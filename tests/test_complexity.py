@@ -191,6 +191,25 @@ def test_a_classifier_retrained_in_place_is_another_configuration(tmp_path) -> N
     assert "artifacts" not in default_manifest(AdaptiveRAG(retriever=fresh()), "hotpotqa", ["q1"])
 
 
+def test_eval_refuses_to_resume_after_the_classifier_was_retrained_in_place(tmp_path, capsys) -> None:
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+    from tests.test_cli_eval import eval_args, universal_responder
+
+    questions, labels = toy(NAMES)
+    directory = ComplexityClassifier(dims=1024).fit(questions, labels, epochs=20).save(tmp_path / "clf")
+    argv = ["--limit", "1", "--set", f"classifier={json.dumps(str(directory))}"]
+    with LocalOpenAIServer(universal_responder({})) as server:
+        out = tmp_path / "run"
+        assert main(eval_args(server, out, *argv, program="adaptive-rag")) == 0
+        saved = json.loads((out / "manifest.json").read_text())["artifacts"]["classifier"]
+        assert saved == load_classifier(directory).sha256
+        ComplexityClassifier(dims=1024).fit(questions, labels, epochs=40).save(directory)
+        capsys.readouterr()
+        assert main(eval_args(server, out, *argv, program="adaptive-rag")) == 2
+    err = capsys.readouterr().err
+    assert f'artifacts.classifier: "{saved}" -> "{load_classifier(directory).sha256}"' in err
+
+
 def test_cli_train_refuses_a_list_manifest_and_a_file_as_out(tmp_path, capsys) -> None:
     runs = [write_run(tmp_path / name, "hotpotqa", {"q1": ("who", True)}) for name in ("a", "b", "c")]
     argv = ["classifier", "train", "--no-retrieval", str(runs[0]), "--single-step", str(runs[1])]
