@@ -192,6 +192,25 @@ def test_k_larger_than_corpus_returns_whole_corpus(tmp_path: Path) -> None:
     assert [len(r) for r in retriever.batch(["Pomerania", "film"], 100)] == [len(CORPUS)] * 2
 
 
+def test_a_huge_k_costs_no_more_than_the_corpus(tmp_path: Path, monkeypatch) -> None:
+    """A top_k of 10**9 (from a program file, --set or a bench spec) once allocated rankings 10**9 wide."""
+    retriever = BM25Retriever(CORPUS, cache_dir=tmp_path)
+    widths = []
+    empty = bm25_kernel.Rankings.empty
+
+    def bounded(n: int, k: int) -> bm25_kernel.Rankings:
+        widths.append(k)
+        if k > len(CORPUS):  # refuse here instead of allocating gigabytes on the test machine
+            raise MemoryError(f"rankings {k} wide for a corpus of {len(CORPUS)}")
+        return empty(n, k)
+
+    monkeypatch.setattr(bm25_kernel.Rankings, "empty", staticmethod(bounded))
+    assert len(retriever("Pomerania", 10**9)) == len(CORPUS)
+    assert [len(r) for r in retriever.batch(["Pomerania", "film"], 10**9)] == [len(CORPUS)] * 2
+    assert len(retriever.batch_ids(["Pomerania"], 10**9)[0]) == len(CORPUS)
+    assert widths and max(widths) == len(CORPUS)
+
+
 @pytest.mark.parametrize("query", ["", "   ", "the of and is", "zzzqqq xylophonic"])
 def test_query_without_indexed_terms_matches_nothing(tmp_path: Path, query: str) -> None:
     assert BM25Retriever(CORPUS, cache_dir=tmp_path)(query, 5) == []

@@ -106,6 +106,124 @@ def test_saved_classifier_reloads_identically_and_corrupt_files_are_refused(tmp_
         load_classifier(tmp_path / "clf")
 
 
+def rewrite_checksums(directory) -> None:
+    """Make classifier.json vouch for the files as they now are: a crafted directory, not bit rot."""
+    from ragsuite.data.datasets import file_sha256
+
+    config = json.loads((directory / "classifier.json").read_text())
+    config["files"] = {name: file_sha256(directory / name) for name in config["files"]}
+    (directory / "classifier.json").write_text(json.dumps(config))
+
+
+def test_crafted_weight_files_give_one_clean_error(tmp_path) -> None:
+    directory = ComplexityClassifier(dims=64).save(tmp_path / "clf")
+    weights = directory / "weights.npy"
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 3), }"
+    header += b" " * (117 - len(header)) + b"\n"
+    crafted = {
+        "zip archive named .npy": None,  # np.load returns an NpzFile for zip data, whatever the name
+        "header claiming 2**62 rows": b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header,
+        "header that is not a dict": b"\x93NUMPY\x01\x00\x06\x00[1,2]\n",
+        "truncated magic": b"\x93NUM",
+    }
+    for name, data in crafted.items():
+        if data is None:
+            with weights.open("wb") as handle:
+                np.savez(handle, a=np.zeros((64, 3), dtype=np.float32))
+        else:
+            weights.write_bytes(data)
+        rewrite_checksums(directory)
+        with pytest.raises(ConfigError, match="weight matrix") as caught:
+            load_classifier(directory)
+        assert "\n" not in str(caught.value), name
+    np.save(weights, np.zeros((64, 3), dtype=np.float32))
+    config = json.loads((directory / "classifier.json").read_text())
+    config["dims"] = True  # a bool is an int to Python
+    (directory / "classifier.json").write_text(json.dumps(config))
+    rewrite_checksums(directory)
+    with pytest.raises(ConfigError, match="finite float32 weights"):
+        load_classifier(directory)
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}" + b"x" * 100),
+        ("tokenizer.json", b'{"version": "1.0", "model": 5}'),
+    ],
+)
+def test_a_corrupt_checkpoint_classifier_gives_one_clean_error(tmp_path, name, data) -> None:
+    from tests.tiny_encoder import build_tiny_encoder
+
+    questions, _ = toy(NAMES)
+    (tmp_path / "encoder").mkdir()
+    encoder = build_tiny_encoder(questions, tmp_path / "encoder", vocab_size=200)
+    directory = TransformerComplexityClassifier(encoder, local_only=True).save(tmp_path / "clf")
+    (directory / "model" / name).write_bytes(data)
+    rewrite_checksums(directory)
+    with pytest.raises(ConfigError, match=r"cannot load .* as a sequence classifier"):
+        load_classifier(directory)
+
+
+def test_a_classifier_retrained_in_place_is_another_configuration(tmp_path) -> None:
+    """Resuming an eval after retraining the classifier in place would mix two classifiers in one score."""
+    from ragsuite.evaluation import RunStore
+    from ragsuite.evaluation.manifest import default_manifest
+
+    questions, labels = toy(NAMES)
+    directory = ComplexityClassifier(dims=1024).fit(questions, labels, epochs=20).save(tmp_path / "clf")
+    first = AdaptiveRAG(retriever=fresh(), classifier=str(directory))
+    digest = first.artifacts()["classifier"]
+    assert digest == load_classifier(directory).sha256 and len(digest) == 64
+    store = RunStore(tmp_path / "run")
+    store.check_manifest(default_manifest(first, "hotpotqa", ["q1"]))
+    store.check_manifest(
+        default_manifest(AdaptiveRAG(retriever=fresh(), classifier=str(directory)), "hotpotqa", ["q1"])
+    )
+    ComplexityClassifier(dims=1024).fit(questions, labels, epochs=40).save(
+        directory
+    )  # same path, new weights
+    again = AdaptiveRAG(retriever=fresh(), classifier=str(directory))
+    assert again.knobs() == first.knobs() and again.artifacts() != first.artifacts()
+    with pytest.raises(ConfigError, match=r"artifacts\.classifier"):
+        store.check_manifest(default_manifest(again, "hotpotqa", ["q1"]))
+    # Without a trained classifier nothing is added: older runs' manifests still match.
+    assert "artifacts" not in default_manifest(AdaptiveRAG(retriever=fresh()), "hotpotqa", ["q1"])
+
+
+def test_eval_refuses_to_resume_after_the_classifier_was_retrained_in_place(tmp_path, capsys) -> None:
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+    from tests.test_cli_eval import eval_args, universal_responder
+
+    questions, labels = toy(NAMES)
+    directory = ComplexityClassifier(dims=1024).fit(questions, labels, epochs=20).save(tmp_path / "clf")
+    argv = ["--limit", "1", "--set", f"classifier={json.dumps(str(directory))}"]
+    with LocalOpenAIServer(universal_responder({})) as server:
+        out = tmp_path / "run"
+        assert main(eval_args(server, out, *argv, program="adaptive-rag")) == 0
+        saved = json.loads((out / "manifest.json").read_text())["artifacts"]["classifier"]
+        assert saved == load_classifier(directory).sha256
+        ComplexityClassifier(dims=1024).fit(questions, labels, epochs=40).save(directory)
+        capsys.readouterr()
+        assert main(eval_args(server, out, *argv, program="adaptive-rag")) == 2
+    err = capsys.readouterr().err
+    assert f'artifacts.classifier: "{saved}" -> "{load_classifier(directory).sha256}"' in err
+
+
+def test_cli_train_refuses_a_list_manifest_and_a_file_as_out(tmp_path, capsys) -> None:
+    runs = [write_run(tmp_path / name, "hotpotqa", {"q1": ("who", True)}) for name in ("a", "b", "c")]
+    argv = ["classifier", "train", "--no-retrieval", str(runs[0]), "--single-step", str(runs[1])]
+    argv += ["--multi-step", str(runs[2])]
+    (tmp_path / "file").write_text("not a directory")
+    assert main([*argv, "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert "is a file" in err and "Traceback" not in err
+    assert (tmp_path / "file").read_text() == "not a directory"
+    (runs[1] / "manifest.json").write_text(json.dumps([{"dataset": "hotpotqa"}]))
+    assert main([*argv, "--out", str(tmp_path / "clf")]) == 2
+    assert "not an eval run's manifest" in capsys.readouterr().err
+
+
 @pytest.fixture
 def trained(tmp_path):
     questions, labels = toy(NAMES)

@@ -36,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="LM(s) to run (repeatable); default: the spec's lms",
     )
+    parser.add_argument(
+        "--backbone",
+        metavar="NAME",
+        help="whose published rows to show (e.g. gpt-4o-mini, qwen2.5-7b-instruct+dpo); default: the spec's, "
+        "else the backbone the LM's model name matches",
+    )
     parser.add_argument("--limit", type=int, help="override the spec's questions per dataset")
     parser.add_argument(
         "--format", choices=("md", "csv", "latex"), default="md", help="table format (default md)"
@@ -65,7 +71,14 @@ def run(args: argparse.Namespace) -> int:
         if args.limit < 1:
             raise ConfigError(f"--limit must be >= 1, not {args.limit}")
         spec = dataclasses.replace(spec, limit=args.limit)
-    extra = shlex.split(args.eval_args)
+    try:
+        extra = shlex.split(args.eval_args)
+    except ValueError as exc:  # an unbalanced quote
+        raise ConfigError(f"--eval-args cannot be split into flags ({exc}); balance its quotes") from None
+    if args.backbone is not None:
+        if spec.table is None:
+            raise ConfigError(f"--backbone needs a spec with a published table; {args.spec} names none")
+        spec = dataclasses.replace(spec, backbone=bench.check_backbone(spec.table, args.backbone))
     out = args.out or Path("runs") / f"bench-{spec.name}"
     cells = bench.plan(spec, out=out, lms=args.lm)
     if args.dry_run:
@@ -77,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
         codes = bench.run(spec, cells, extra=extra)
         failed = {cell: code for cell, code in codes.items() if code != 0}
     print(bench.table(spec, cells, fmt=args.format, with_ci=args.ci))
+    left_out = bench.notes(spec, cells)
+    if left_out:
+        print("\n" + "\n".join(left_out))
     print("\nCost per answered question:\n")
     print(bench.cost_table(spec, cells, fmt=args.format))
     note = bench.source_note(spec)

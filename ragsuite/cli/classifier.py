@@ -94,8 +94,13 @@ def _run(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         )
     try:
         manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{directory / MANIFEST} cannot be read ({exc})") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("dataset"), (str, type(None))):
+        raise ConfigError(
+            f"{directory / MANIFEST} is not an eval run's manifest (a JSON object naming its dataset); "
+            "pass the directory `ragsuite eval --out` wrote"
+        )
     log = read_records(records_path)
     for problem in log.problems:
         print(f"warning: {problem}; skipped", file=sys.stderr)  # stdout may be --json
@@ -161,6 +166,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     if not 0 <= args.holdout < 1:
         raise ConfigError(f"--holdout must be in [0, 1), not {args.holdout}")
+    if args.out.exists() and not args.out.is_dir():  # checked before training, not after
+        raise ConfigError(
+            f"--out {args.out} is a file; the classifier is saved as a directory: choose another path"
+        )
     runs = {strategy: getattr(args, strategy) for strategy in STRATEGIES}
     questions, labels, report = label_runs(
         runs, metric=args.metric, correct_at=args.correct_at, hops=args.hops
@@ -192,7 +201,12 @@ def run_train(args: argparse.Namespace) -> int:
         holdout_majority_accuracy=(sum(y == majority for y in held_y) / len(held_y)) if held_y else None,
     )
     classifier.training.update({k: report[k] for k in ("dataset", "metric", "hops", "holdout_accuracy")})
-    classifier.save(args.out)
+    try:
+        classifier.save(args.out)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot save the classifier to {args.out} ({exc}); choose a writable --out"
+        ) from exc
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -436,6 +436,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     from ragsuite.data.datasets import get_dataset_info
     from ragsuite.evaluation import evaluate, example_id, examples_fingerprint, git_revision, package_versions
+    from ragsuite.evaluation.manifest import program_artifacts
     from ragsuite.lm import set_stage_lms
 
     if args.threads < 1:
@@ -463,6 +464,7 @@ def _run(args: argparse.Namespace) -> int:
         "program_file": str(args.program_file) if args.program_file else None,
         "program_file_sha256": _sha256(args.program_file) if args.program_file else None,
         "knobs": program.knobs(),
+        **program_artifacts(program),
         **lm_public,
         "dataset": style,
         # Your own questions file (path and content hash) stands where the dataset split would.

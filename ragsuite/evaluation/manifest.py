@@ -20,6 +20,7 @@ CONFIG_KEYS = (
     "program",
     "program_file_sha256",
     "knobs",
+    "artifacts",
     "lm",
     "stage_lms",
     "dataset",
@@ -59,11 +60,20 @@ def examples_fingerprint(ids: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
+def program_artifacts(program: Any) -> dict[str, Any]:
+    """``{"artifacts": ...}``: the content hashes of the files the program's knobs point to (a trained
+    classifier), or nothing when it has none, so that runs without such files keep their manifests."""
+    method = getattr(program, "artifacts", None)
+    artifacts = method() if callable(method) else {}
+    return {"artifacts": artifacts} if artifacts else {}
+
+
 def default_manifest(program: Any, dataset: str, ids: Sequence[str]) -> dict[str, Any]:
     knobs = program.knobs() if hasattr(program, "knobs") else {}
     return {
         "program": getattr(program, "name", type(program).__name__),
         "knobs": knobs,
+        **program_artifacts(program),
         "dataset": dataset,
         "examples_sha256": examples_fingerprint(ids),
         "n_examples": len(ids),

@@ -172,6 +172,11 @@ class RAGProgram(dspy.Module):
         """The current values of the program's declared knobs."""
         return {knob: getattr(self, knob) for knob in self.KNOBS}
 
+    def artifacts(self) -> dict[str, str]:
+        """Content hashes of the files a knob points to (a trained classifier), by knob: a knob holds a path,
+        and what matters to a run is the content found there. Eval runs record them as configuration."""
+        return {}
+
     def decision_knobs(self) -> dict[str, DecisionKnob]:
         """The knobs that hold a decision setting of a predictor (a threshold, a choice weight), each with
         where that setting lives, so that an optimizer fitting the predictors' settings (``compile

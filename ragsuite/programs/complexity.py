@@ -21,11 +21,16 @@ The paper fine-tunes T5-Large. Two classifiers are offered:
 
 Either is saved as a directory with ``classifier.json`` (kind, labels, training report, the sha256 of every
 other file) beside numbers only: a ``.npy`` matrix read without pickle, or safetensors weights loaded without
-remote code. A file that does not match its checksum is refused.
+remote code. A file that does not match its checksum is refused, and so is any file that cannot be read as
+what it claims to be (a crafted ``.npy`` header, a corrupt tokenizer or safetensors file), in one line.
+A loaded classifier's ``sha256`` (that of ``classifier.json``, which holds the sha256 of every other file)
+identifies its content: an eval run records it, so that resuming after the classifier was retrained in place
+is refused like any other change of configuration.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -85,6 +90,8 @@ class _Classifier:
 
     kind: str = ""
     training: dict[str, Any]
+    #: sha256 of the ``classifier.json`` it was loaded from (None until saved and loaded).
+    sha256: str | None = None
 
     def predict_proba(self, question: str) -> dict[str, float]:
         raise NotImplementedError
@@ -261,10 +268,21 @@ class ComplexityClassifier(_Classifier):
         weights_path = directory / WEIGHTS_NAME
         try:
             weights = np.load(weights_path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{weights_path} is not a readable weight matrix ({exc}); {HINT}") from exc
+        except (
+            Exception
+        ) as exc:  # a crafted header can fail numpy's parser in many ways; none is ours to show
+            raise ConfigError(
+                f"{weights_path} is not a readable weight matrix ({type(exc).__name__}: {exc}); {HINT}"
+            ) from exc
+        if not isinstance(weights, np.ndarray):  # np.load returns an archive for zip data, whatever the name
+            raise ConfigError(f"{weights_path} is not a .npy weight matrix; {HINT}")
         dims = config.get("dims")
-        if not isinstance(dims, int) or weights.dtype != np.float32 or not np.isfinite(weights).all():
+        if (
+            isinstance(dims, bool)
+            or not isinstance(dims, int)
+            or weights.dtype != np.float32
+            or not np.isfinite(weights).all()
+        ):
             raise ConfigError(f"{weights_path} holds no finite float32 weights for {dims!r} features; {HINT}")
         return cls(dims=dims, weights=weights)
 
@@ -314,8 +332,10 @@ class TransformerComplexityClassifier(_Classifier):
                     label2id={label: i for i, label in enumerate(COMPLEXITY_LABELS)},
                     **options,
                 )
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot load {self.source!r} as a sequence classifier: {exc}") from exc
+        except Exception as exc:  # a corrupt tokenizer or safetensors file raises its own types
+            raise ConfigError(
+                f"cannot load {self.source!r} as a sequence classifier ({type(exc).__name__}: {exc})"
+            ) from exc
         if self.tokenizer.pad_token is None:  # decoder-only checkpoints have none
             self.tokenizer.pad_token = self.tokenizer.eos_token
             self.model.config.pad_token_id = self.tokenizer.eos_token_id
@@ -426,8 +446,9 @@ def load_classifier(directory: str | Path) -> ComplexityClassifier | Transformer
     if not config_path.is_file():
         raise ConfigError(f"no complexity classifier at {directory} (no {CONFIG_NAME}); {HINT}")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        raw = config_path.read_bytes()
+        config = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{config_path} is not a readable classifier description ({exc}); {HINT}") from exc
     if not isinstance(config, Mapping) or config.get("format") != FORMAT:
         raise ConfigError(f"{config_path} is not a ragsuite complexity classifier; {HINT}")
@@ -447,7 +468,9 @@ def load_classifier(directory: str | Path) -> ComplexityClassifier | Transformer
         if not path.is_file() or file_sha256(path) != digest:
             raise ConfigError(f"{path} is missing or does not match {config_path}'s checksum; {HINT}")
     classifier = kind._from_files(directory, config)
-    classifier.training = dict(config.get("training") or {})
+    training = config.get("training")
+    classifier.training = dict(training) if isinstance(training, Mapping) else {}
+    classifier.sha256 = hashlib.sha256(raw).hexdigest()
     return classifier
 
 

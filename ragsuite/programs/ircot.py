@@ -376,6 +376,10 @@ class AdaptiveRAG(IRCoT):
     def search_space(cls, trial: Any) -> dict[str, Any]:
         return {**super().search_space(trial), "single_k": trial.suggest_categorical("single_k", [5, 10, 15])}
 
+    def artifacts(self) -> dict[str, str]:
+        """The trained classifier's content hash: retrained in place, it is another configuration."""
+        return {} if self._trained is None else {"classifier": str(self._trained.sha256)}
+
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
         if self._trained is not None:

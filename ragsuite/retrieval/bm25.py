@@ -559,16 +559,19 @@ class BM25Retriever:
         """The passage ids of the rankings."""
         return _split(self._index.passages.ids_many(ranked.filled()[0]), ranked.counts)
 
-    def _check_k(self, k: int) -> None:
+    def _check_k(self, k: int) -> int:
+        """``k`` checked, and clamped to the corpus: the rankings are allocated k wide, and a k of 10**9 from
+        a knob must cost no more than the whole corpus."""
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ConfigError(f"k must be a positive integer, got {k!r}")
+        return min(int(k), max(self._n, 1))
 
     def __call__(self, query: str, k: int) -> list[Passage]:
         """The top ``k`` passages for ``query`` (all of them when k exceeds the corpus).
 
         A query with no indexed term (empty, only stopwords, or only unknown words) matches nothing: ``[]``.
         """
-        self._check_k(k)
+        k = self._check_k(k)
         term_ids = self._term_ids(query)
         if not term_ids:
             return []
@@ -605,7 +608,7 @@ class BM25Retriever:
     def _batch(
         self, queries: Sequence[str], k: int, read: Callable[[Rankings], list[list[_T]]]
     ) -> list[list[_T]]:
-        self._check_k(k)
+        k = self._check_k(k)
         all_ids = self._term_ids_many(queries)
         results: list[list[_T]] = [[] for _ in all_ids]
         scored = [i for i, ids in enumerate(all_ids) if ids]  # no indexed term: matches nothing
