@@ -31,10 +31,10 @@ def current_umask() -> int:
     return umask
 
 
-def _new_file_mode(path: Path) -> int:
+def new_file_mode(path: str | os.PathLike[str]) -> int:
     """The mode ``open(path, "w")`` would leave: the existing file's, else 0o666 less the umask."""
     try:
-        return stat.S_IMODE(path.stat().st_mode)
+        return stat.S_IMODE(Path(path).stat().st_mode)
     except FileNotFoundError:
         return 0o666 & ~current_umask()
 
@@ -59,7 +59,7 @@ def atomic_open(path: str | os.PathLike[str], mode: Literal["w", "wb"] = "w") ->
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             yield handle
             handle.flush()
-            os.fchmod(handle.fileno(), _new_file_mode(path))
+            os.fchmod(handle.fileno(), new_file_mode(path))
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -104,7 +104,8 @@ def lock_directory(path: str | os.PathLike[str], *, flag: str = "--out") -> Iter
     directory = Path(path).expanduser()
     directory.mkdir(parents=True, exist_ok=True)
     lock_path = directory / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    # 0o666: the umask decides, as for every other file (0o644 left group-shared run directories unlockable).
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

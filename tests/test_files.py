@@ -56,3 +56,32 @@ def test_replacing_a_file_keeps_its_mode(tmp_path) -> None:
     target.chmod(0o640)
     atomic_write_text(target, "new")
     assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize(("umask", "expected"), [(0o022, 0o644), (0o002, 0o664)])
+def test_lock_files_and_faiss_indexes_follow_the_umask_too(tmp_path, umask, expected) -> None:
+    """Lock files were created 0o644 and FAISS indexes 0o600 whatever the umask: under umask 002 another
+    member of the group could not lock a shared run directory or read a shared index."""
+    from ragsuite.files import lock_directory
+    from ragsuite.retrieval.dense import _file_lock
+
+    try:
+        import faiss
+    except ImportError:  # the dense extra is not installed: the lock files are still checked
+        faiss = None
+    old = os.umask(umask)
+    try:
+        with lock_directory(tmp_path / "run"):
+            pass
+        with _file_lock(tmp_path / "cache" / "index.lock"):
+            pass
+        if faiss is not None:
+            from ragsuite.retrieval.dense_index import save_index
+
+            save_index(faiss.IndexFlatIP(4), tmp_path / "cache" / "index.faiss")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "run" / ".lock").stat().st_mode) == expected
+    assert stat.S_IMODE((tmp_path / "cache" / "index.lock").stat().st_mode) == expected
+    if faiss is not None:
+        assert stat.S_IMODE((tmp_path / "cache" / "index.faiss").stat().st_mode) == expected

@@ -434,7 +434,7 @@ def _file_lock(path: Path) -> Iterator[None]:
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, as for open()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

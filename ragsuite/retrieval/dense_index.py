@@ -34,6 +34,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from ragsuite.errors import ConfigError, require
+from ragsuite.files import new_file_mode
 
 IndexKind = Literal["auto", "flat", "ivfpq", "hnsw"]
 RowBatches = Callable[[], Iterator[np.ndarray]]
@@ -319,6 +320,7 @@ def save_index(index: Any, path: Path) -> None:
     try:
         faiss.write_index(index, tmp)
         with open(tmp, "rb") as handle:
+            os.fchmod(handle.fileno(), new_file_mode(path))  # not mkstemp's 0600
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
