@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,40 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, line: str, problem: 
     with pytest.raises(DataError, match=problem) as info:
         load_dataset("musique", data_dir=tmp_path)
     assert f"{folder / 'dev.jsonl'}:3:" in str(info.value)
+
+
+def test_a_byte_that_is_not_utf8_names_file_line_and_fix(tmp_path: Path, capsys) -> None:
+    """A Latin-1 byte in a dataset, questions or corpus file was a UnicodeDecodeError traceback (exit 1).
+    The bad line comes after 2,000 good ones: the reader decodes ahead, so its position is not the line."""
+    from ragsuite.cli import main
+
+    good = "".join(ujson.dumps({**ROW, "id": f"q{i}"}) + "\n" for i in range(2000)).encode()
+    folder = tmp_path / "musique"
+    folder.mkdir()
+    dev = folder / "dev.jsonl"
+    dev.write_bytes(good + '{"id": "bad", "question": "Caf\u00e9?", "answers": ["x"]}\n'.encode("latin-1"))
+    expected = (
+        rf"{re.escape(str(dev))}:2001: not valid UTF-8 \(byte 0xe9 at column 31\); save the file as UTF-8"
+    )
+    with pytest.raises(DataError, match=expected):
+        load_dataset("musique", data_dir=tmp_path)
+    questions = tmp_path / "q.csv"
+    questions.write_bytes(b"id,question,answers\nq1,Who?,Rush\nq2,Caf\xe9?,x\n")
+    with pytest.raises(DataError, match=r"q.csv:3: not valid UTF-8 \(byte 0xe9 at column 7\)"):
+        load_examples_file(questions)
+    corpus = tmp_path / "c.tsv"
+    corpus.write_bytes(b"id\ttitle\ttext\np1\tA\tna\xefve\n")
+    with pytest.raises(DataError, match=r"c.tsv:2: not valid UTF-8 \(byte 0xef at column 8\)"):
+        load_corpus_file(corpus)
+    # On the command line: one line naming the file and line, exit 2, before any LM is asked.
+    argv = ["eval", "--program", "no-retrieval", "--dataset", "musique", "--data-dir", str(tmp_path)]
+    argv += ["--out", str(tmp_path / "run")]
+    code = main([*argv, "--retriever", "none", "--lm", "openai/x", "--api-base", "http://127.0.0.1:9/v1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {dev}:2001: not valid UTF-8 (byte 0xe9"), err
+    assert "Traceback" not in err
 
 
 def test_malformed_asqa_groups_and_missing_split(tmp_path: Path) -> None:

@@ -152,19 +152,40 @@ def file_sha256_cached(
 TABLE_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet")
 
 
+def _utf8_error(path: Path, exc: UnicodeDecodeError) -> DataError:
+    """The first line of ``path`` that is not UTF-8, named with its offending byte and the fix.
+
+    Text readers decode ahead of the line they hand out, so the error's own position says nothing about
+    the line: the file is scanned again, line by line, to find it."""
+    with path.open("rb") as handle:
+        for lineno, line in enumerate(handle, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                byte = line[bad.start]
+                return DataError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte 0x{byte:02x} at column {bad.start + 1}); "
+                    "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                )
+    return DataError(f"{path}: not valid UTF-8 ({exc.reason}); save the file as UTF-8")
+
+
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` for every non-blank line of a JSONL file, streamed."""
     with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = ujson.loads(line)
-            except ValueError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            yield lineno, row
+        try:
+            for lineno, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = ujson.loads(line)
+                except ValueError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+                yield lineno, row
+        except UnicodeDecodeError as exc:
+            raise _utf8_error(path, exc) from None
 
 
 def _iter_delimited(path: Path, delimiter: str) -> Iterator[tuple[int, dict]]:
@@ -184,6 +205,8 @@ def _iter_delimited(path: Path, delimiter: str) -> Iterator[tuple[int, dict]]:
             raise DataError(
                 f"{path}:{reader.line_num}: not valid {path.suffix[1:].upper()} ({exc})"
             ) from None
+        except UnicodeDecodeError as exc:
+            raise _utf8_error(path, exc) from None
 
 
 def _iter_parquet(path: Path) -> Iterator[tuple[int, dict]]:
