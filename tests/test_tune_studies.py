@@ -397,3 +397,54 @@ def test_cli_tune_refuses_a_resume_with_another_temperature_or_split(tmp_path, c
         assert best.read_bytes() == before
         assert main([*base, "--trials", "2", *rest]) == 0
     assert len(json.loads((best.parent / "trials.json").read_text())) == 2
+
+
+def test_workers_with_their_own_seed_share_one_study(tmp_path, capsys):
+    """`tune --help` tells each worker of a shared study to pass its own --seed, which also seeds the LM's
+    sampling; the second worker was refused with `lm.seed: 1 -> 0` as a changed configuration."""
+    from ragsuite.cli import main
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+
+    data = _tiny_dataset(tmp_path / "data")
+    storage = f"journal:{tmp_path / 'shared.log'}"
+    gold = {f"What is the code name of project {i}?": f"Answer{i}" for i in range(6)}
+    with LocalOpenAIServer(grounded_responder(gold)) as server:
+        base = ["tune", "--program", "vanilla", "--dataset", "hotpotqa", "--data-dir", str(data)]
+        base += [
+            "--train",
+            "2",
+            "--val",
+            "2",
+            "--threads",
+            "1",
+            "--storage",
+            storage,
+            "--lm",
+            "openai/scripted",
+        ]
+        base += ["--api-base", server.api_base, "--no-cache"]
+        assert main([*base, "--trials", "1", "--seed", "1", "--out", str(tmp_path / "w1")]) == 0
+        capsys.readouterr()
+        code = main([*base, "--trials", "2", "--seed", "0", "--out", str(tmp_path / "w2")])
+        assert code == 0, capsys.readouterr().err
+        # A setting that does change the answers is still refused.
+        code = main(
+            [*base, "--trials", "3", "--seed", "2", "--temperature", "0.7", "--out", str(tmp_path / "w3")]
+        )
+        assert code == 2 and "lm.temperature: 0.1 -> 0.7" in capsys.readouterr().err
+        assert {request.sampling.get("seed") for request in server.requests} == {0, 1}
+    trials = json.loads((tmp_path / "w2" / "vanilla-hotpotqa-quality" / "trials.json").read_text())
+    assert [t["lm_seed"] for t in trials] == [1, 0]  # each trial records the seed its worker sent
+
+
+def test_a_study_saved_with_an_lm_seed_resumes_under_another_seed(tmp_path):
+    """Studies of earlier versions stored the LM's seed in their configuration: it is not compared."""
+    seeded = toys.scripted_lm()
+    seeded.kwargs["seed"] = 1
+    first = _tune(tmp_path, lm=seeded, trials=1)
+    config = dict(first.study.user_attrs["config"])
+    assert "seed" not in config["lm"]
+    first.study.set_user_attr("config", {**config, "lm": {**config["lm"], "seed": 1}})
+    other = toys.scripted_lm()
+    other.kwargs["seed"] = 0
+    assert len(_tune(tmp_path, lm=other, trials=2).study.trials) == 2

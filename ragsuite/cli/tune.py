@@ -4,12 +4,13 @@ Examples are the slices ``ragsuite compile`` uses: after a seeded shuffle of the
 (``--split-seed``), the first ``--train`` examples (compiled on with ``--compile``) and the ``--val`` after
 them (every trial is scored on these), whether or not ``--compile`` is given. The study lives in
 ``OUT/study.db`` unless ``--storage`` names a shared one (``journal:PATH``, ``postgresql://...``); start
-the same command on several machines (each with its own ``--seed``) to share the work. ``--trials`` is the
-study's total: re-running resumes, with new sampler draws; a resume with another LM, temperature, dataset,
-program, retriever, validation slice, split seed, metric or objectives is refused with the differences
-listed. Trials left running by a killed process on this host are marked failed on resume. The chosen trial is
-written to ``OUT/STUDY/best.json`` (with ``trials.json`` and the Pareto files; STUDY is the study name),
-which ``ragsuite eval --program-file`` and ``ragsuite.load`` accept.
+the same command on several machines (each with its own ``--seed``, which seeds that worker's sampler and LM
+requests; it is not part of the study, and ``trials.json`` records each trial's ``lm_seed``) to share the
+work. ``--trials`` is the study's total: re-running resumes, with new sampler draws; a resume with another
+LM, temperature, dataset, program, retriever, validation slice, split seed, metric or objectives is refused
+with the differences listed. Trials left running by a killed process on this host are marked failed on
+resume. The chosen trial is written to ``OUT/STUDY/best.json`` (with ``trials.json`` and the Pareto files;
+STUDY is the study name), which ``ragsuite eval --program-file`` and ``ragsuite.load`` accept.
 
 Quality is token F1 on datasets whose table metric is substring accuracy (HotpotQA, 2Wiki, MuSiQue), which
 "unknown" would game for gold "no"; else the dataset's primary metric. A failed question scores 0 in

@@ -375,6 +375,7 @@ def summarize_trial(trial: FrozenTrial) -> dict[str, Any]:
         "asked": trial.user_attrs.get("asked"),
         "errors": trial.user_attrs.get("errors"),
         "worker": trial.user_attrs.get("worker"),
+        "lm_seed": trial.user_attrs.get("lm_seed"),
         **({"pruned_at": trial.user_attrs["pruned_at"]} if "pruned_at" in trial.user_attrs else {}),
         **({"program_file": trial.user_attrs["program_file"]} if "program_file" in trial.user_attrs else {}),
     }
@@ -437,12 +438,18 @@ def study_dir_name(study_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+=-]", "_", study_name).lstrip(".") or "study"
 
 
+#: LM settings that are each worker's own, not the study's: ``ragsuite tune --seed`` seeds both the sampler
+#: and the LM's sampling, and every worker of a shared study is told to use its own. Trials record theirs.
+_WORKER_LM_SETTINGS = ("seed",)
+
+
 def _lm_config(lm: Any) -> dict[str, Any] | None:
-    """What decides an LM's answers: model and sampling settings (never its address or key)."""
+    """What decides an LM's answers across workers: model and sampling settings (never its address or key,
+    nor the per-worker seed)."""
     if lm is None:
         return None
     kwargs = dict(getattr(lm, "kwargs", None) or {})
-    settings = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "reasoning_effort")
+    settings = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "reasoning_effort")
     return {
         "model": str(getattr(lm, "model", type(lm).__name__)),
         **{k: kwargs[k] for k in settings if k in kwargs},
@@ -477,6 +484,7 @@ def _check_study_config(study: optuna.Study, config: dict[str, Any]) -> None:
     if saved is None:
         study.set_user_attr("config", config)
         return
+    saved = _without_worker_settings(saved)
     diffs = config_diff(saved, config, keys=sorted(set(saved) | set(config)))
     if diffs:
         raise ConfigError(
@@ -485,6 +493,20 @@ def _check_study_config(study: optuna.Study, config: dict[str, Any]) -> None:
             + "\nre-run with the study's settings to resume it, or start a new study (--study NAME or "
             "another --out)"
         )
+
+
+def _without_worker_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A saved study configuration without the per-worker LM settings that earlier versions stored."""
+
+    def strip(lm: Any) -> Any:
+        return {k: v for k, v in lm.items() if k not in _WORKER_LM_SETTINGS} if isinstance(lm, dict) else lm
+
+    stage_lms = config.get("stage_lms")
+    return {
+        **config,
+        "lm": strip(config.get("lm")),
+        **({"stage_lms": {k: strip(v) for k, v in stage_lms.items()}} if isinstance(stage_lms, dict) else {}),
+    }
 
 
 def _resumed_seed(seed: int, trials_so_far: int) -> int:
@@ -751,6 +773,8 @@ def tune(
         )
 
     worker = f"{socket.gethostname()}:{os.getpid()}"
+    # The worker's own LM sampling seed: not part of the study (see _WORKER_LM_SETTINGS), kept per trial.
+    lm_seed = (getattr(lm if lm is not None else dspy.settings.lm, "kwargs", None) or {}).get("seed")
 
     def score(
         built: RAGProgram, trial_number: int | str, knobs: dict[str, Any], on_record: Any = None
@@ -768,6 +792,7 @@ def tune(
     def objective(trial: optuna.Trial) -> list[float] | float:
         # First, so that a trial killed at any point can be traced to its (dead) worker.
         trial.set_user_attr("worker", worker)
+        trial.set_user_attr("lm_seed", lm_seed)
         knobs = cls.search_space(trial)
         if not isinstance(knobs, dict) or not knobs:
             raise ConfigError(f"{cls.__name__}.search_space must return a non-empty dict of knobs")
