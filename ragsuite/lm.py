@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ragsuite.errors import ConfigError, RagsuiteError
+from ragsuite.redaction import redact, register_secret, register_url_credentials
 
 if TYPE_CHECKING:
     import dspy
@@ -52,18 +53,6 @@ SPEC_HELP = (
     "local[:NAME|PATH] (embedded model, no key) | openai/MODEL | openai/NAME with --api-base URL | "
     "vllm:NAME[@URL] | PROVIDER/MODEL"
 )
-
-# Environment variables whose values are secrets (redacted wherever they appear).
-_SECRET_NAME = re.compile(r"(API_KEY|APIKEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
-# Secret-shaped strings even when they are not in the environment of this process.
-# user:password@ in any URL.
-_URL_CREDENTIALS = re.compile(r"([a-z][a-z0-9+.-]*://)[^\s/@]+@", re.IGNORECASE)
-_SECRET_PATTERNS = (
-    re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*"),
-    re.compile(r"(?i)(api[_-]?key[\"']?\s*[:=]\s*[\"']?)[^\s\"',}]{6,}"),
-)
-REDACTED = "***"
 
 
 class LMEndpointError(RagsuiteError, RuntimeError):
@@ -162,7 +151,7 @@ def parse_lm_spec(
         if match:
             name, url = rest[: match.start()], match.group(1)
         if not name:
-            raise ConfigError(f"LM spec {spec!r} names no model; expected vllm:SERVED_NAME[@URL]")
+            raise ConfigError(f"LM spec {redact(spec)!r} names no model; expected vllm:SERVED_NAME[@URL]")
         if url and bases and split_api_bases(url) != bases:
             raise ConfigError(
                 f"LM spec {redact(spec)!r} and --api-base {redact(','.join(bases))} name different servers"
@@ -171,7 +160,7 @@ def parse_lm_spec(
         return _server_spec(f"openai/{name}", urls, _key_env_for_server(api_key_env))
     provider, slash, name = spec.partition("/")
     if not slash or not provider or not name:
-        raise ConfigError(f"LM spec {spec!r} is not PROVIDER/MODEL; expected {SPEC_HELP}")
+        raise ConfigError(f"LM spec {redact(spec)!r} is not PROVIDER/MODEL; expected {SPEC_HELP}")
     if bases:
         return _server_spec(spec, bases, _key_env_for_server(api_key_env))
     key_env = api_key_env or (f"{provider.upper()}_API_KEY" if provider == "openai" else None)
@@ -184,6 +173,7 @@ def _server_spec(model: str, urls: list[str], key_env: str | None) -> LMSpec:
 
 
 def _check_url(url: str) -> str:
+    register_url_credentials(url)
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"API base {redact(url)!r} is not an http(s) URL such as http://127.0.0.1:8000/v1")
@@ -215,6 +205,8 @@ def split_url_credentials(url: str) -> tuple[str, str | None]:
         return url, None
     import base64
 
+    register_url_credentials(url)  # the password and its token are hidden from every message from now on
+
     user = urllib.parse.unquote(parts.username)
     password = urllib.parse.unquote(parts.password or "")
     netloc = parts.hostname or ""
@@ -239,6 +231,7 @@ def resolve_key(spec: LMSpec) -> str | None:
             f"{spec.api_key_env} is not set: {where} needs an API key. Export it in the environment "
             f"(export {spec.api_key_env}=...); keys are never read from flags or files."
         )
+    register_secret(value)  # a variable of any name, e.g. --api-key-env MY_VAR
     return value
 
 
@@ -574,37 +567,6 @@ def parse_stage_lms(items: list[str] | None) -> dict[str, str]:
             raise ConfigError(f"--stage-lm gives stage {stage!r} twice")
         result[stage] = spec
     return result
-
-
-def _secret_values() -> list[str]:
-    values = {
-        value
-        for name, value in os.environ.items()
-        if _SECRET_NAME.search(name) and value and len(value) >= 6 and value != PLACEHOLDER_KEY
-    }
-    # Longest first, so a key containing another is replaced whole.
-    return sorted(values, key=len, reverse=True)
-
-
-def redact(text: str) -> str:
-    """``text`` with secrets replaced by ``***``: the values of environment variables named like keys or
-    tokens (``*_API_KEY``, ``*TOKEN*``, ...), key-shaped strings (``sk-...``, ``Bearer ...``) and the
-    ``user:password@`` of URLs.
-
-    Example:
-        >>> os.environ["OPENAI_API_KEY"] = "sk-test-123456789012345"
-        >>> redact("401: key sk-test-123456789012345 rejected")
-        '401: key *** rejected'
-    """
-    if not text:
-        return text
-    for value in _secret_values():
-        if value in text:
-            text = text.replace(value, REDACTED)
-    text = _URL_CREDENTIALS.sub(rf"\1{REDACTED}@", text)
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
-    return text
 
 
 __all__ = [

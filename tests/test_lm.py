@@ -143,6 +143,73 @@ def test_redact(monkeypatch):
     assert "answer 42 stays" in cleaned and "Bearer ***" in cleaned
 
 
+def test_redact_hides_basic_auth_in_every_form_and_passwords_holding_an_at(monkeypatch):
+    """A server echoing ``Authorization: Basic <base64>`` put the encoded password in records, the HTML report
+    and stderr; ``http://alice:p@ss@host`` left ``ss`` in sight."""
+    import base64
+
+    from ragsuite.data import download
+    from ragsuite.optimizers.tuning import redact_storage
+    from ragsuite.redaction import register_url_credentials
+
+    token = base64.b64encode(b"alice:p@ss-w0rd-9").decode()
+    # Header-shaped tokens are recognised without any configuration.
+    assert redact(f"headers {{'Authorization': 'Basic {token}'}}") == "headers {'Authorization': 'Basic ***'}"
+    assert redact(f"got Basic {token} and bearer abcdefghijkl") == "got Basic *** and bearer ***"
+    assert redact("authorization=Token abcdef123; next") == "authorization=Token ***; next"
+    # "basic" as a word, and base64 that is no user:password, stay.
+    for text in ("basic retrieval beats Basic RAG", "Basic dGVzdGluZw== is base64 of 'testing'"):
+        assert redact(text) == text
+    # The password holds "@": the whole user:password is hidden, up to the host.
+    url = "http://alice:p@ss-w0rd-9@gpu-7:8000/v1/models"
+    assert redact(f"GET {url} failed") == "GET http://***@gpu-7:8000/v1/models failed"
+    assert redact_storage("postgresql://u:p@ss-w0rd-9@db/optuna") == "postgresql://u:***@db/optuna"
+    # A configured URL's password, user:password and bare token are hidden wherever they appear.
+    text = f"echo: {token} / alice:p@ss-w0rd-9 / p@ss-w0rd-9"
+    assert redact(text) == text  # not configured yet: a bare token cannot be told from other text
+    parse_lm_spec("openai/m", api_base=url.removesuffix("/models"))
+    assert redact(text) == "echo: *** / *** / ***"
+    # A key read from a variable of any name (--api-key-env) is hidden too.
+    monkeypatch.setenv("LLM_CREDENTIAL", "opaque-credential-42")
+    build_lm("openai/m", api_base="http://127.0.0.1:1/v1", api_key_env="LLM_CREDENTIAL")
+    assert redact("rejected opaque-credential-42") == "rejected ***"
+    # One redaction for every message: the downloader's is the same function.
+    register_url_credentials("http://bob:mirror-secret@10.0.0.5:8080")
+    assert download.redact is redact
+    assert "mirror-secret" not in download.redact("cannot reach http://bob:mirror-secret@10.0.0.5:8080/x")
+
+
+def test_every_log_line_and_error_of_the_command_line_is_redacted(monkeypatch, capsys, tmp_path):
+    """Libraries log through their own loggers and handlers (LiteLLM, DSPy, MLflow): each line is redacted,
+    its traceback too, as is the one-line error of a command."""
+    from ragsuite.cli import main
+
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-key-0123456789abcdef")
+    url = "http://alice:s3cret@pass@127.0.0.1:9/v1"
+    # The endpoint is unreachable: the command stops with one error line naming it.
+    argv = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--out", str(tmp_path / "run")]
+    assert main([*argv, "--lm", f"vllm:m@{url}"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the LM server" in err and "s3cret" not in err and "pass@" not in err
+    stream = __import__("io").StringIO()
+    handler = logging.StreamHandler(stream)
+    library = logging.getLogger("some.library")
+    library.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError("upstream said key=vllm-key-0123456789abcdef")
+        except RuntimeError:
+            library.exception("call to %s failed", url)
+    finally:
+        library.removeHandler(handler)
+    logged = stream.getvalue()
+    assert (
+        "call to http://***@127.0.0.1:9/v1 failed" in logged
+        and "RuntimeError: upstream said key=***" in logged
+    )
+    assert "s3cret" not in logged and "vllm-key-0123456789abcdef" not in logged
+
+
 def test_memoized_pricing_lookup_returns_what_dspy_would():
     from dspy.clients import costs
     from dspy.clients.model_metadata import model_info as original

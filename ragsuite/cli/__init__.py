@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from ragsuite import __version__
 from ragsuite.errors import RagsuiteError
+from ragsuite.redaction import install_log_redaction, redact
 
 # In the order ``ragsuite --help`` lists them.
 COMMAND_MODULES = (
@@ -51,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    install_log_redaction()  # every library's log lines, not only ragsuite's, may quote a key or a URL
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -60,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except RagsuiteError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 

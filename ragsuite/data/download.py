@@ -63,6 +63,7 @@ from ragsuite.data.sources import CATALOGUE, Catalogue, RemoteFile, Source
 from ragsuite.errors import ConfigError, DataError
 from ragsuite.files import atomic_open, atomic_write_text
 from ragsuite.paths import download_root
+from ragsuite.redaction import redact
 
 log = logging.getLogger("ragsuite.data.download")
 
@@ -128,14 +129,6 @@ def _progress(quiet: bool, **options: Any):
 
 
 # --- where requests go ---------------------------------------------------------------------------------
-
-
-def redact(url: str) -> str:
-    """``url`` without user credentials, for messages."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    return parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")).geturl()
 
 
 def mirrored(url: str) -> str:

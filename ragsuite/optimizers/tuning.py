@@ -181,9 +181,9 @@ def _drop_torn_journal_tail(path: Path) -> int:
 
 def redact_storage(spec: str | None) -> str | None:
     """``spec`` without a password (``postgresql://user:secret@host`` -> ``postgresql://user:***@host``)."""
-    if spec is None:
-        return None
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", spec)
+    from ragsuite.redaction import hide_url_passwords
+
+    return None if spec is None else hide_url_passwords(spec)
 
 
 def _locking_sqlite(url: str) -> optuna.storages.RDBStorage:
