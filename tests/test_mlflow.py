@@ -251,3 +251,60 @@ def test_params_are_redacted_and_secret_named_settings_left_out(monkeypatch):
         "note": "failed with ***",
     }
     assert numeric_metrics({"a": {"b": 0.5, "c": None, "d": True}, "n": 3}) == {"a.b": 0.5, "n": 3.0}
+
+
+def test_a_server_echoing_the_key_and_basic_auth_leaks_them_to_no_sink(
+    tmp_path, monkeypatch, capsys, empty_store
+):
+    """A server that quotes the request's key and Authorization header in its error (some proxies do): the
+    exception reached MLflow's trace (event message, stack trace, status) raw, while the run's records showed
+    ``key=***``; the Basic token reached records.jsonl, the HTML report and stderr. The password holds an
+    ``@``, which URL redaction cut at."""
+    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
+    uri = _tracking_store(tmp_path, monkeypatch, empty_store)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    vllm_key = "vllm-key-0123456789abcdef"
+    monkeypatch.setenv("VLLM_API_KEY", vllm_key)
+    password = "p@ss-w0rd-x"
+    basic = base64.b64encode(f"alice:{password}".encode()).decode()
+    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
+    answer = grounded_responder(gold)
+    failing = next(iter(gold))
+
+    def echoing(request):
+        if request.inputs.get("question") == failing:
+            raise RuntimeError(
+                f"upstream refused key={vllm_key} (Authorization: Basic {basic}; token {basic}; "
+                f"password {password})"
+            )
+        return answer(request)
+
+    out, page = tmp_path / "run", tmp_path / "report.html"
+    with LocalOpenAIServer(echoing) as server:
+        base = server.api_base.replace("http://", f"http://alice:{password}@")
+        argv = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--limit", "3", "--no-progress"]
+        argv += ["--out", str(out), "--html", str(page), "--mlflow", uri, "--retries", "0", "--no-cache"]
+        code = main([*argv, "--lm", "openai/scripted", "--api-base", base])
+        assert set(server.authorizations) == {f"Basic {basic}"}
+    printed = capsys.readouterr()
+    assert code == 1, printed.err  # one example failed, and was recorded
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    errors = [r["error"]["message"] for r in records if r.get("error")]
+    assert len(errors) == 1 and "key=***" in errors[0] and "Basic ***" in errors[0], errors
+    client, runs = _runs(uri)
+    events = [e for t in _traces(client, runs[0]) for s in t.data.spans for e in s.events]
+    messages = [e.attributes["exception.message"] for e in events if e.name == "exception"]
+    assert messages and all("key=***" in m for m in messages), messages  # the cause is kept, redacted
+    secrets = (vllm_key, basic, password, "w0rd-x")
+    for secret in secrets:
+        assert secret not in printed.out + printed.err, secret
+        assert secret not in page.read_text(), secret
+        for path in out.iterdir():
+            if path.is_file():
+                assert secret not in path.read_text(errors="replace"), (path.name, secret)
+    files = [tmp_path / "mlflow.db", *(tmp_path / "mlruns").rglob("*")]
+    for path in files:
+        if path.is_file():
+            data = path.read_bytes()
+            for secret in secrets:
+                assert secret.encode() not in data, (path, secret)

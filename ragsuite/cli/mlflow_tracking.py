@@ -7,9 +7,12 @@ dataset, slices, LM settings, knobs as ``knob.NAME``, optimizer options as ``opt
 numbers the command prints and saves), the output directory as the ``ragsuite.out`` tag, and small JSON
 outputs (``summary.json``, ``manifest.json``, the program file, ``best.json``) as artifacts.
 
-Nothing secret is logged: parameters are redacted (:func:`ragsuite.lm.redact`: key-shaped strings, the values
-of ``*_API_KEY``/``*TOKEN*`` variables, ``user:password@`` in URLs), and DSPy LM state loses its headers
-(a server's basic auth) as MLflow already drops ``api_key`` and ``api_base`` from it.
+Nothing secret is logged: parameters are redacted (:func:`ragsuite.redaction.redact`: key-shaped strings,
+``Basic``/``Bearer`` tokens, the values of ``*_API_KEY``/``*TOKEN*`` variables and of the key variable in
+use, ``user:password@`` in URLs and every form of a configured URL's password), DSPy LM state loses its
+headers (a server's basic auth) as MLflow already drops ``api_key`` and ``api_base`` from it, and every
+trace span is redacted before MLflow exports it (:func:`redact_span`): its inputs, outputs, attributes,
+status and exception events, whose messages quote whatever a server echoed.
 
 The tracking URI is ``--mlflow URI`` when given, else ``$MLFLOW_TRACKING_URI``, else MLflow's default
 (``sqlite:///mlflow.db`` in the working directory); the experiment is ``$MLFLOW_EXPERIMENT_NAME`` or
@@ -149,6 +152,36 @@ class MlflowRun:
             raise RagsuiteError(f"MLflow could not {what}: {redact(str(exc))[:1000]}") from exc
 
 
+def redact_span(span: Any) -> None:
+    """An MLflow span processor (``mlflow.tracing.configure(span_processors=...)``): redact every string the
+    span will be exported with, before it is exported.
+
+    MLflow keeps inputs, outputs and attributes as JSON text in the OpenTelemetry span's attributes, and an
+    exception as an ``exception`` event (message and stack trace) with the status description; the LM's
+    exception messages quote whatever the server echoed, a key or an ``Authorization`` header included.
+    """
+    from opentelemetry.sdk.trace import Event
+    from opentelemetry.sdk.util import BoundedList
+    from opentelemetry.trace import Status
+
+    from ragsuite.redaction import redact, redact_value
+
+    otel = span._span  # the OpenTelemetry span MLflow exports (LiveSpan has no API for events)
+    for key, value in dict(otel.attributes or {}).items():
+        clean = redact_value(value)
+        if clean != value:
+            otel.set_attribute(key, clean)
+    events = list(otel.events)
+    cleaned = [Event(e.name, redact_value(dict(e.attributes or {})), e.timestamp) for e in events]
+    if any(
+        dict(a.attributes or {}) != dict(b.attributes or {}) for a, b in zip(events, cleaned, strict=True)
+    ):
+        otel._events = BoundedList.from_seq(otel._events._dq.maxlen, cleaned)
+    status = otel.status
+    if status.description and redact(status.description) != status.description:
+        otel.set_status(Status(status.status_code, redact(status.description)))
+
+
 def _hide_lm_headers() -> None:
     """Make MLflow's DSPy integration drop LM headers (a basic-auth password) like it drops API keys."""
     from mlflow.dspy import util
@@ -197,6 +230,10 @@ def mlflow_run(uri: str | None, *, run_name: str, command: str) -> Iterator[Mlfl
             f"cannot open the MLflow tracking store {shown}: {redact(str(exc))[:500]}{hint}"
         ) from exc
     track_usage = dspy.settings.get("track_usage")
+    from mlflow.tracing.config import get_config
+
+    # Last, so that it sees what the user's own processors leave.
+    redacting = mlflow.tracing.configure(span_processors=[*get_config().span_processors, redact_span])
     mlflow.dspy.autolog(
         log_traces=True,
         log_traces_from_compile=True,
@@ -217,6 +254,7 @@ def mlflow_run(uri: str | None, *, run_name: str, command: str) -> Iterator[Mlfl
     finally:
         mlflow.dspy.autolog(disable=True, silent=True)
         dspy.settings.configure(track_usage=track_usage)
+        redacting.__exit__(None, None, None)  # the processors as they were
 
 
 def lm_params(lm_public: Mapping[str, Any]) -> dict[str, Any]:
@@ -232,5 +270,6 @@ __all__ = [
     "mlflow_run",
     "numeric_metrics",
     "public_params",
+    "redact_span",
     "require_mlflow",
 ]
