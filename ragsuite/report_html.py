@@ -183,11 +183,17 @@ def write_report(rows: Sequence[dict[str, Any]], out: Path) -> int:
         rows: Each run's summary row as ``ragsuite report`` loads it (with its ``dir``).
         out: The HTML file to write.
     """
+    from ragsuite.redaction import redact
+
     runs = [_read_run(Path(row["dir"]), row) for row in rows]
+    style, script = (
+        f"<style>{_asset('report.css')}</style></head><body>",
+        f"<script>{_asset('report.js')}</script>",
+    )
     parts = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
         f"<title>ragsuite report: {html.escape(', '.join(r['label'] for r in runs))}</title>",
-        f"<style>{_asset('report.css')}</style></head><body>",
+        style,
         f"<h1>ragsuite report: {html.escape(', '.join(r['label'] for r in runs))}</h1>",
     ]
     for run in runs:
@@ -210,8 +216,10 @@ def write_report(rows: Sequence[dict[str, Any]], out: Path) -> int:
     )
     data = [{"label": r["label"], "records": r["records"]} for r in runs]
     parts.append(f"<script type='application/json' id=data>{_embed(data)}</script>")
-    parts.append(f"<script>{_asset('report.js')}</script></body></html>")
-    text = "\n".join(parts)
+    parts.append(f"{script}</body></html>")
+    # Records are redacted when written; a run written by an older version, or an error quoting a secret
+    # configured since, is redacted here as well. The inline assets are ragsuite's own, left as they are.
+    text = "\n".join(part if part in (style, parts[-1]) else redact(part) for part in parts)
     atomic_write_text(out, text)
     return len(text.encode("utf-8"))
 

@@ -87,6 +87,31 @@ def test_report_html_is_self_contained_and_escapes_untrusted_text(runs, tmp_path
     assert "95% CI" in page and "steps per question" in page and "manifest" in page
 
 
+def test_the_html_report_never_shows_a_secret_left_in_old_records(runs, tmp_path, monkeypatch):
+    """A run written before echoed Basic tokens were recognised holds them in records.jsonl: the report
+    redacts what it embeds, the page's own style and script untouched."""
+    deepnote, _ = runs
+    old = tmp_path / "old"
+    shutil.copytree(deepnote, old)
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-key-0123456789abcdef")
+    lines = (old / "records.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    record["error"] = {
+        "type": "LMServerError",
+        "message": "refused key=vllm-key-0123456789abcdef; Authorization: Basic YWxpY2U6czNjcmV0QHBhc3M=",
+    }
+    lines[0] = json.dumps(record)
+    (old / "records.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "report.html"
+    assert main(["report", str(old), "--html", str(out)]) == 0
+    page = out.read_text()
+    assert "vllm-key-0123456789abcdef" not in page and "YWxpY2U6czNjcmV0QHBhc3M=" not in page
+    assert "refused key=***; Authorization: Basic ***" in page
+    from ragsuite.report_html import _asset
+
+    assert _asset("report.js") in page and _asset("report.css") in page
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
 def test_a_browser_renders_the_traces_and_the_comparison(runs, tmp_path):
     deepnote, hanrag = runs
