@@ -14,6 +14,11 @@ DSPy retries 429/5xx/timeouts itself and honours a server's ``Retry-After``, how
 ``max_retry_wait`` seconds and logs each one (what failed, how long, which attempt); :func:`retry_wait` is
 that cap and log, for clients that retry on their own (Self-RAG's ``/v1/completions`` calls).
 
+A reply is bounded: one longer than :func:`max_reply_chars` (``max_tokens`` cannot produce it; the server
+ignored the limit) is refused with :class:`LMReplyTooLongError`, which the run records as that example's
+error. DSPy would otherwise parse it, and on a failed parse retry the call with its JSON adapter, whose
+repair of malformed JSON (``json_repair``) takes super-linear time: a 1 MB reply held a run for minutes.
+
 The hooks are small patches of dspy 3.4's internals (``Cache.cache_key``, ``LM.update_history`` and the
 retry delay of ``dspy.clients.execution``); the tests fail if a DSPy release changes them.
 """
@@ -34,10 +39,29 @@ import dspy
 from dspy.clients import execution
 from dspy.clients.cache import Cache
 
+from ragsuite.errors import RagsuiteError
+
 log = logging.getLogger("ragsuite.lm")
 
 #: The longest a retry waits by default, whatever the server's Retry-After says.
 DEFAULT_MAX_RETRY_WAIT = 60.0
+
+#: Characters per token a reply may average before it counts as longer than ``max_tokens`` allows (real
+#: tokens average about 4; a run of spaces or punctuation can make one token longer).
+MAX_CHARS_PER_TOKEN = 16
+#: The bound for any ``max_tokens``: parsing a reply this long takes about a second at worst.
+MIN_REPLY_BOUND = 65_536
+
+
+class LMReplyTooLongError(RagsuiteError, RuntimeError):
+    """The LM's reply is longer than its ``max_tokens`` allows; it is recorded as the example's error."""
+
+
+def max_reply_chars(max_tokens: Any) -> int:
+    """The longest reply accepted from an LM asked for at most ``max_tokens`` tokens, in characters."""
+    tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 0
+    return max(MIN_REPLY_BOUND, MAX_CHARS_PER_TOKEN * tokens)
+
 
 # The endpoint of the LM call running in this context, or None (DSPy's own key).
 _CACHE_SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -208,11 +232,27 @@ class EndpointLM(dspy.LM):
 
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
         with _scoped(self.cache_scope, self.max_retry_wait):
-            return super().__call__(prompt, messages=messages, **kwargs)
+            return self._bounded(super().__call__(prompt, messages=messages, **kwargs), kwargs)
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
         with _scoped(self.cache_scope, self.max_retry_wait):
-            return await super().acall(prompt, messages=messages, **kwargs)
+            return self._bounded(await super().acall(prompt, messages=messages, **kwargs), kwargs)
+
+    def _bounded(self, outputs: Any, kwargs: dict[str, Any]) -> Any:
+        """``outputs``, or :class:`LMReplyTooLongError` before any adapter parses a reply that
+        ``max_tokens`` cannot have produced."""
+        settings = {**self.kwargs, **kwargs}
+        max_tokens = settings.get("max_tokens") or settings.get("max_completion_tokens")
+        bound = max_reply_chars(max_tokens)
+        for output in outputs if isinstance(outputs, list) else []:
+            text = output.get("text") if isinstance(output, dict) else output
+            if isinstance(text, str) and len(text) > bound:
+                raise LMReplyTooLongError(
+                    f"the LM replied with {len(text):,} characters, more than max_tokens={max_tokens} can "
+                    f"produce (at most {bound:,} are accepted); the server ignored the limit: check its "
+                    "settings (a proxy that drops max_tokens, a model that never stops) or raise --max-tokens"
+                )
+        return outputs
 
     def dump_state(self) -> dict[str, Any]:
         """DSPy's LM state without ``extra_headers``, which hold a server's basic auth (``user:password@``
@@ -232,4 +272,12 @@ class EndpointLM(dspy.LM):
             tracker.add_cached_usage(self.model, usage)
 
 
-__all__ = ["DEFAULT_MAX_RETRY_WAIT", "EndpointLM", "response_usage", "retry_after_seconds", "retry_wait"]
+__all__ = [
+    "DEFAULT_MAX_RETRY_WAIT",
+    "EndpointLM",
+    "LMReplyTooLongError",
+    "max_reply_chars",
+    "response_usage",
+    "retry_after_seconds",
+    "retry_wait",
+]

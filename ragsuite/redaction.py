@@ -42,8 +42,11 @@ _MIN_SECRET_CHARS = 6
 # Placeholders sent to keyless servers: not secrets, and too common to replace.
 _NOT_SECRETS = frozenset({"EMPTY", "unused", "placeholder"})
 # user:password@ in a URL; greedy up to the authority's last "@", since a password may contain "@".
-_URL_CREDENTIALS = re.compile(r"([a-z][a-z0-9+.-]*://)([^\s/?#\"<>]*)@", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^\s:/?#\"<>@]*):[^\s/?#\"<>]*@", re.IGNORECASE)
+# A scheme starts where no scheme character precedes: else a long word is rescanned from every letter.
+_URL_CREDENTIALS = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/?#\"<>]*)@", re.IGNORECASE)
+_URL_PASSWORD = re.compile(
+    r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://[^\s:/?#\"<>@]*):[^\s/?#\"<>]*@", re.IGNORECASE
+)
 _AUTHORIZATION = re.compile(
     r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?)((?:[A-Za-z][\w-]*\s+)?)([^\s\"',;}]+)"
 )

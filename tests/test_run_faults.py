@@ -244,6 +244,41 @@ def test_lone_surrogates_from_the_server_and_the_dataset_do_not_stop_the_run(tmp
     assert bad["question"] == "Which \ud800 city hosts the Louvre?"
 
 
+def test_a_reply_longer_than_max_tokens_allows_is_recorded_as_an_error_and_the_run_goes_on(tmp_path, capsys):
+    """A 300 KB reply of unbalanced JSON (a server ignoring max_tokens) held the run for minutes with nothing
+    written: DSPy's JSON fallback repairs malformed JSON in super-linear time (1 MB: minutes). A reply longer
+    than max_tokens can produce is now the example's error, before any parsing; a long reply within a raised
+    --max-tokens is answered, and written without delay (redaction rescanned a 100 KB word from each letter).
+    """
+    data = write_dataset(tmp_path / "data")
+    gold = {q: a for _, q, a in QUESTIONS}
+    flood = '{"answer": ' + "{ word " * 50_000  # 300 KB
+
+    def respond(request):
+        question = request.inputs["question"]
+        if "Darwin" in question:
+            return flood
+        if "Sixtus" in question:
+            return {"answer": "Michelangelo " + "x" * 99_000}  # 100 KB: within --max-tokens 8192 (131 KB)
+        return {"answer": gold[question]}
+
+    out = tmp_path / "run"
+    started = time.monotonic()
+    with LocalOpenAIServer(respond) as server:
+        code = main(eval_command(server, data, out, "--max-tokens", "8192", "--retries", "0"))
+    elapsed = time.monotonic() - started
+    assert code == 1  # the flooded question failed, and was recorded
+    records = {r["id"]: r for r in map(json.loads, record_lines(out))}
+    assert sorted(records) == ["q0", "q1", "q2", "q3"]
+    error = records["q2"]["error"]
+    assert error["type"] == "LMReplyTooLongError"
+    assert "replied with 350,011 characters, more than max_tokens=8192" in error["message"]
+    assert "--max-tokens" in error["message"]
+    assert records["q1"]["error"] is None and records["q1"]["prediction"].startswith("Michelangelo")
+    assert records["q0"]["metrics"]["exact_match"] == 1.0
+    assert elapsed < 60, elapsed  # bounded: no parse of the flood
+
+
 # ------------------------------------------------------------------ one process per run directory
 @pytest.mark.slow
 def test_a_second_process_on_the_same_directory_is_refused(tmp_path, capsys):
