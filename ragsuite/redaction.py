@@ -192,9 +192,21 @@ class _RedactedRecord(logging.LogRecord):
         self._redacted_exc_text = redact(value) if value else value
 
 
+def _print_redacted_traceback(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    import sys
+    import traceback
+
+    sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
+
+
 def install_log_redaction() -> None:
     """Make every log record of this process, from every library's logger and to every handler, come out
-    redacted (its message, arguments and traceback). Idempotent."""
+    redacted (its message, arguments and traceback), and so the traceback of an exception nothing caught.
+    Idempotent."""
+    import sys
+
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _print_redacted_traceback
     factory = logging.getLogRecordFactory()
     if getattr(factory, "_ragsuite_redacting", False):
         return

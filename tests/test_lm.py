@@ -208,6 +208,15 @@ def test_every_log_line_and_error_of_the_command_line_is_redacted(monkeypatch, c
         and "RuntimeError: upstream said key=***" in logged
     )
     assert "s3cret" not in logged and "vllm-key-0123456789abcdef" not in logged
+    # A crash nothing caught prints its traceback redacted too.
+    import sys
+
+    try:
+        raise RuntimeError(f"crashed calling {url}")
+    except RuntimeError:
+        sys.excepthook(*sys.exc_info())
+    crash = capsys.readouterr().err
+    assert "RuntimeError: crashed calling http://***@127.0.0.1:9/v1" in crash and "s3cret" not in crash
 
 
 def test_memoized_pricing_lookup_returns_what_dspy_would():
