@@ -383,3 +383,36 @@ def test_a_server_behind_basic_auth_in_the_url_works_and_the_password_is_never_w
 
         expected = "Basic " + base64.b64encode(b"alice:s3cret-pass").decode()
         assert set(server.authorizations) == {expected}  # every request, the /models check included
+
+
+def test_a_basic_auth_token_echoed_by_the_server_is_written_nowhere(tmp_path, capsys):
+    """A server quoting the request's ``Authorization: Basic <base64>`` in its error: the encoded password
+    reached records.jsonl, the HTML report and stderr. The password holds an ``@`` as well."""
+    import base64
+
+    gold = gold_answers("hotpotqa", 3)
+    token = base64.b64encode(b"alice:s3cret@pass").decode()
+    answer = universal_responder(gold)
+    failing = next(iter(gold))
+
+    def echoing(request: ScriptedRequest):
+        if request.inputs.get("question") == failing:
+            raise RuntimeError(f"denied: Authorization: Basic {token} (credentials {token})")
+        return answer(request)
+
+    out, page = tmp_path / "run", tmp_path / "report.html"
+    with LocalOpenAIServer(echoing) as server:
+        base = server.api_base.replace("http://", "http://alice:s3cret@pass@")
+        argv = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--limit", "3", "--no-cache"]
+        argv += ["--no-progress", "--retries", "0", "--out", str(out), "--html", str(page)]
+        assert main([*argv, "--lm", "openai/scripted", "--api-base", base]) == 1  # one failed, recorded
+        assert set(server.authorizations) == {f"Basic {token}"}
+    printed = capsys.readouterr()
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["error"]["message"].count("***") for r in records if r["error"]] == [2]
+    for secret in (token, "s3cret", "pass@"):
+        assert secret not in printed.out + printed.err, secret
+        assert secret not in page.read_text(), secret
+        for path in out.iterdir():
+            if path.is_file():
+                assert secret not in path.read_text(errors="replace"), (path.name, secret)
