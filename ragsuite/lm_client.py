@@ -49,7 +49,7 @@ DEFAULT_MAX_RETRY_WAIT = 60.0
 #: Characters per token a reply may average before it counts as longer than ``max_tokens`` allows (real
 #: tokens average about 4; a run of spaces or punctuation can make one token longer).
 MAX_CHARS_PER_TOKEN = 16
-#: The bound for any ``max_tokens``: parsing a reply this long takes about a second at worst.
+#: The bound for any ``max_tokens``: DSPy's JSON repair of a malformed reply this long takes about 2 s.
 MIN_REPLY_BOUND = 65_536
 
 
@@ -247,10 +247,11 @@ class EndpointLM(dspy.LM):
         for output in outputs if isinstance(outputs, list) else []:
             text = output.get("text") if isinstance(output, dict) else output
             if isinstance(text, str) and len(text) > bound:
+                limit = f"max_tokens={max_tokens} can produce" if max_tokens else "a reply may hold"
                 raise LMReplyTooLongError(
-                    f"the LM replied with {len(text):,} characters, more than max_tokens={max_tokens} can "
-                    f"produce (at most {bound:,} are accepted); the server ignored the limit: check its "
-                    "settings (a proxy that drops max_tokens, a model that never stops) or raise --max-tokens"
+                    f"the LM replied with {len(text):,} characters, more than {limit} (at most {bound:,} are "
+                    "accepted); the server ignored the limit: check its settings (a proxy that drops "
+                    "max_tokens, a model that never stops) or raise --max-tokens"
                 )
         return outputs
 
