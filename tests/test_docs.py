@@ -10,6 +10,7 @@ what the page says, not what a real model answers (the ``real_lm`` tests do that
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import re
@@ -20,6 +21,7 @@ import pytest
 
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
+from ragsuite.errors import install_hint
 from ragsuite.testing.openai_server import LocalOpenAIServer
 from ragsuite.testing.responders import grounded_responder
 
@@ -132,3 +134,19 @@ def test_the_readme_and_getting_started_give_the_same_set_up_command() -> None:
         return re.search(r"```bash\n(python3 -m venv .*?)\n```", path.read_text(encoding="utf-8")).group(1)
 
     assert first_command(ROOT / "README.md") == first_command(ROOT / "docs" / "getting-started.md")
+
+
+def test_the_pareto_example_runs_on_the_fixtures_and_writes_only_under_out(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot needs the plot extra: " + install_hint("plot"))
+    committed = ROOT / "docs" / "pareto.png"
+    before = committed.read_bytes()
+    spec = importlib.util.spec_from_file_location("pareto_example", ROOT / "docs" / "pareto_example.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = tmp_path / "out"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert example.run(["--trials", "2", "--val", "5", "--out", str(out)]) == 0
+    plot = out / "deepnote-hotpotqa-quality+tokens" / "pareto.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"the plot: {plot}" in printed.getvalue()
+    assert committed.read_bytes() == before  # the committed picture is never overwritten
