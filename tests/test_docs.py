@@ -150,3 +150,13 @@ def test_the_pareto_example_runs_on_the_fixtures_and_writes_only_under_out(tmp_p
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"the plot: {plot}" in printed.getvalue()
     assert committed.read_bytes() == before  # the committed picture is never overwritten
+
+
+def test_every_program_module_is_shown_on_a_program_page() -> None:
+    from ragsuite import programs
+
+    shown = set()
+    for page in (ROOT / "docs" / "programs").glob("*.md"):
+        shown.update(re.findall(r"^::: ([\w.]+)$", page.read_text(encoding="utf-8"), re.MULTILINE))
+    modules = {programs.get(name).__module__ for name in programs.names()}
+    assert modules and modules <= shown, f"no program page shows the docstring of {sorted(modules - shown)}"
