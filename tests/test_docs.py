@@ -160,3 +160,11 @@ def test_every_program_module_is_shown_on_a_program_page() -> None:
         shown.update(re.findall(r"^::: ([\w.]+)$", page.read_text(encoding="utf-8"), re.MULTILINE))
     modules = {programs.get(name).__module__ for name in programs.names()}
     assert modules and modules <= shown, f"no program page shows the docstring of {sorted(modules - shown)}"
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert pages, "no docs pages"
+    missing = sorted(page for page in pages if not re.search(rf"(^|[\s:]){re.escape(page)}\s*$", nav, re.M))
+    assert not missing, f"pages not in mkdocs.yml's nav: {missing}"
