@@ -168,3 +168,29 @@ def test_every_docs_page_is_in_the_site_nav() -> None:
     assert pages, "no docs pages"
     missing = sorted(page for page in pages if not re.search(rf"(^|[\s:]){re.escape(page)}\s*$", nav, re.M))
     assert not missing, f"pages not in mkdocs.yml's nav: {missing}"
+
+
+def test_the_programs_table_states_every_programs_defaults() -> None:
+    from ragsuite import programs
+
+    text = (ROOT / "docs" / "programs" / "index.md").read_text(encoding="utf-8")
+    table = text.split("| name | what it does | knobs (defaults) |", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z-]+)` \| .* \| ([^|]*) \|$", table, re.MULTILINE))
+    assert set(rows) == set(programs.names())
+
+    def stated(cell: str) -> dict[str, str]:
+        """``as `X`, `k=v`` / ``k=v`, others as `X``: X's defaults with the listed ones over them."""
+        base = re.search(r"as `([a-z-]+)`", cell)
+        knobs = dict(rows_knobs(rows[base.group(1)])) if base else {}
+        knobs.update(rows_knobs(re.sub(r"as `[a-z-]+`", "", cell)))
+        return knobs
+
+    def rows_knobs(cell: str) -> list[tuple[str, str]]:
+        return re.findall(r"(\w+)=([^,`]+)", cell)
+
+    def shown(value: object) -> str:
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+    for name, cell in rows.items():
+        defaults = {k: shown(v) for k, v in programs.get(name).default_knobs().items()}
+        assert stated(cell) == defaults, f"{name}: the table says {cell}"
