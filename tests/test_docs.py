@@ -220,3 +220,9 @@ def test_benchmarks_read_the_committed_fixtures_by_default(
     for script in (ROOT / "benchmarks").glob("*.py"):
         text = script.read_text(encoding="utf-8")
         assert "../shared" not in text and '/ "shared"' not in text, f"{script.name} reads ../shared"
+
+
+def test_every_benchmark_script_is_on_the_benchmarks_page() -> None:
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    missing = [p.name for p in (ROOT / "benchmarks").glob("*.py") if f"`benchmarks/{p.name}" not in page]
+    assert not missing, f"docs/benchmarks.md does not list {missing}"
