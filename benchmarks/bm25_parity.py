@@ -61,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     with_corpus = [n for n in dataset_names() if get_dataset_info(n).has_corpus]
     parser.add_argument("--datasets", nargs="+", default=with_corpus, choices=with_corpus)
     parser.add_argument("--k", type=int, default=10)
-    default_data = ROOT.parent / "shared" / "data"
-    parser.add_argument("--data-dir", default=str(default_data) if default_data.is_dir() else None)
+    parser.add_argument(
+        "--data-dir",
+        default=str(ROOT / "tests" / "fixtures" / "data"),
+        help="datasets (default: the committed fixtures, tests/fixtures/data)",
+    )
     args = parser.parse_args(argv)
     print("| dataset | passages | questions | identical top-k (numba / numpy) | R@5 | R@10 |")
     print("|---|---:|---:|---|---:|---:|")

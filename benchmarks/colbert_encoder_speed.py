@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [ROOT.parent / "shared" / "data", ROOT / "tests" / "fixtures" / "data"]
+FIXTURES = ROOT / "tests" / "fixtures" / "data"
 DOC_MAXLEN = 180
 VOCAB = 30_522
 CORPORA = {
@@ -46,17 +46,17 @@ CORPORA = {
 }
 
 
-def token_lengths(limit: int) -> np.ndarray:
+def token_lengths(limit: int, data_dir: Path = FIXTURES) -> np.ndarray:
     """ColBERT document token counts of up to ``limit`` dev passages (every dataset's corpus, in turn)."""
     import json
 
     from tokenizers import BertWordPieceTokenizer
 
-    root = next((d for d in SOURCES if any(d.glob("*/corpus.jsonl"))), None)
-    if root is None:
-        raise SystemExit("no */corpus.jsonl under ../shared/data or tests/fixtures/data")
+    files = sorted(Path(data_dir).glob("*/corpus.jsonl"))
+    if not files:
+        raise SystemExit(f"no */corpus.jsonl under {data_dir}; pass --data-dir")
     texts = []
-    for path in sorted(root.glob("*/corpus.jsonl")):
+    for path in files:
         with path.open(encoding="utf-8") as handle:
             for line in handle:
                 if line.strip():
@@ -113,7 +113,7 @@ def passages_per_second(encoder: Encoder, lengths: np.ndarray, bsize: int, repea
     return len(lengths) / statistics.median(seconds)
 
 
-def colbert_ai_rate(n: int, bsize: int) -> tuple[float, np.ndarray]:
+def colbert_ai_rate(n: int, bsize: int, data_dir: Path = FIXTURES) -> tuple[float, np.ndarray]:
     """colbert-ai's own ``Checkpoint.docFromText`` on CPU over the first ``n`` HotpotQA passages: passages/s,
     and the passages' token counts as its document tokenizer gives them."""
     from colbert.infra import ColBERTConfig
@@ -122,8 +122,7 @@ def colbert_ai_rate(n: int, bsize: int) -> tuple[float, np.ndarray]:
     from ragsuite.data.datasets import load_corpus
     from ragsuite.retrieval.colbert.checkpoint import build_tiny_checkpoint
 
-    root = next(d for d in SOURCES if (d / "hotpotqa" / "corpus.jsonl").is_file())
-    passages = load_corpus("hotpotqa", data_dir=root)
+    passages = load_corpus("hotpotqa", data_dir=data_dir)
     with tempfile.TemporaryDirectory(prefix="ragsuite-colbert-speed-") as tmp:
         checkpoint = build_tiny_checkpoint(
             passages[:5000], Path(tmp) / "ckpt", vocab_size=VOCAB, hidden_size=768, num_layers=12,
@@ -141,7 +140,7 @@ def colbert_ai_rate(n: int, bsize: int) -> tuple[float, np.ndarray]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    measured = np.load(args.lengths) if args.lengths else token_lengths(args.passages)
+    measured = np.load(args.lengths) if args.lengths else token_lengths(args.passages, args.data_dir)
     measured = np.resize(measured, args.passages)  # cycled to the wanted count
     full = np.full(args.passages, DOC_MAXLEN, dtype=np.int32)
     if args.device == "cuda":
@@ -159,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             hours = [f"{n / rate / 3600:,.2f} h" for n in CORPORA.values()]
             print(f"| {bsize} | {label} | {rate:,.1f} | {' | '.join(hours)} |", flush=True)
     if args.check_colbert:
-        theirs, lengths = colbert_ai_rate(args.check_colbert, 64)
+        theirs, lengths = colbert_ai_rate(args.check_colbert, 64, args.data_dir)
         plain = passages_per_second(encoder, lengths, 64, 1)
         print(f"\ncolbert-ai docFromText: {theirs:.1f} passages/s; plain encoder: {plain:.1f} passages/s "
               f"({plain / theirs:.2f}x), same {len(lengths)} passages, batch 64")  # fmt: skip
@@ -179,9 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     timing.add_argument("--bsize", default="64", help="batch sizes, comma-separated (colbert-ai: 64)")
     timing.add_argument("--repeats", type=int, default=3, help="timed runs per row (median)")
     timing.add_argument("--check-colbert", type=int, default=0, metavar="N")
+    for command in (lengths, timing):
+        command.add_argument(
+            "--data-dir",
+            type=Path,
+            default=FIXTURES,
+            help="datasets (default: the committed fixtures, tests/fixtures/data)",
+        )
     args = parser.parse_args(argv)
     if args.command == "lengths":
-        np.save(args.out, token_lengths(args.passages))
+        np.save(args.out, token_lengths(args.passages, args.data_dir))
         print(args.out)
         return 0
     return run(args)

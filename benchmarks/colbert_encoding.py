@@ -1,12 +1,12 @@
 """ColBERTv2 indexing rate on this machine's CPU, with a model of ColBERTv2's size (no download needed).
 
-    python benchmarks/colbert_encoding.py [--passages 2000] [--work DIR]
+    python benchmarks/colbert_encoding.py [--passages 2000] [--work DIR] [--data-dir DIR]
 
 A ColBERTv2 checkpoint (``colbert-ir/colbertv2.0``) is BERT-base (12 layers, hidden 768, 12 heads) with a
 128-dimensional projection and ``doc_maxlen`` 180. Encoding speed depends on that shape, not on the weights,
 so this builds a randomly initialised checkpoint of exactly that shape (``build_tiny_checkpoint`` with
-BERT-base sizes) and measures, on real dev passages (HotpotQA's corpus; the test fixtures when ``../shared``
-is absent):
+BERT-base sizes) and measures, on real dev passages (HotpotQA's corpus under ``--data-dir``, by default the
+committed test fixtures):
 
 * the encoding rate alone (``Checkpoint.docFromText``, batches of 64), passages/s;
 * with ``--build``, a whole ``build_colbert_index`` (encoding, k-means, residual compression, saving),
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [ROOT.parent / "shared" / "data", ROOT / "tests" / "fixtures" / "data"]
+FIXTURES = ROOT / "tests" / "fixtures" / "data"
 CORPORA = {
     "HotpotQA abstracts": 5_233_329,
     "2Wiki / MuSiQue (IRCoT)": 430_225,
@@ -40,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--work", type=Path, default=None, help="where the checkpoint and index go (temporary)"
     )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=FIXTURES,
+        help="datasets (default: the committed fixtures, tests/fixtures/data)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -48,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from ragsuite.retrieval.colbert.checkpoint import build_tiny_checkpoint
     from ragsuite.retrieval.colbert.index import build_colbert_index
 
-    data_dir = next((d for d in SOURCES if (d / "hotpotqa" / "corpus.jsonl").is_file()), None)
-    passages = load_corpus("hotpotqa", data_dir=data_dir)[: args.passages]
+    passages = load_corpus("hotpotqa", data_dir=args.data_dir)[: args.passages]
     with tempfile.TemporaryDirectory(prefix="ragsuite-colbert-bench-", dir=args.work) as tmp:
         checkpoint = build_tiny_checkpoint(
             passages,

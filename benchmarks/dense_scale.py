@@ -311,7 +311,11 @@ def encode_row(sample: int, *, data_dir: str | None, cache_dir: str | None) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="*", default=None, help="default: every dataset with a corpus")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument(
+        "--data-dir",
+        default=str(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "data"),
+        help="datasets (default: the committed fixtures, tests/fixtures/data)",
+    )
     parser.add_argument("--cache-dir", default=None, help="where passage embeddings are cached")
     parser.add_argument("--scale-n", type=int, default=1_000_000)
     parser.add_argument("--scale-kinds", nargs="*", default=["flat", "ivfpq", "hnsw"])

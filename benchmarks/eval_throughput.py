@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, ClassVar
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -69,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=3, help="LM calls per question (default 3)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--per-thread", type=int, default=16, help="questions per thread (default 16)")
+    parser.add_argument(
+        "--data-dir",
+        default=str(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "data"),
+        help="where HotpotQA's dev questions are read (default: the committed fixtures)",
+    )
     args = parser.parse_args(argv)
 
     import dspy
@@ -78,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     from ragsuite.lm import build_lm
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
-    questions = load_dataset("hotpotqa")
+    # The program is scripted, so only the count matters: a short dev file (the fixtures' 40) is cycled, each
+    # repeat under its own id.
+    dev = load_dataset("hotpotqa", data_dir=args.data_dir)
+    needed = max(4, max(args.threads) * args.per_thread)
+    questions = [
+        dev[i % len(dev)] if i < len(dev) else dev[i % len(dev)].copy(id=f"{dev[i % len(dev)].id}-{i}")
+        for i in range(needed)
+    ]
     ctx = multiprocessing.get_context("spawn")
     queue, stop, done = ctx.Queue(), ctx.Event(), ctx.Queue()
     server = ctx.Process(target=_serve, args=(args.latency, queue, stop, done), daemon=True)

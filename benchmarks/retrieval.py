@@ -243,7 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with_corpus = [n for n in dataset_names() if get_dataset_info(n).has_corpus]
     parser.add_argument("--datasets", nargs="+", default=with_corpus, choices=with_corpus)
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing runs per column (median)")
-    parser.add_argument("--data-dir", default=None)
+    parser.add_argument(
+        "--data-dir",
+        default=str(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "data"),
+        help="datasets (default: the committed fixtures, tests/fixtures/data)",
+    )
     parser.add_argument(
         "--cache-dir", default=None, help="index cache (default: a fresh temporary directory)"
     )

@@ -44,19 +44,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from synthetic_corpus import parse_count, write_corpus  # noqa: E402
 
 K = 10
-QUESTION_FILES = [
-    ROOT.parent / "shared/data/hotpotqa/dev.jsonl",
-    ROOT / "tests/fixtures/data/hotpotqa/dev.jsonl",
-]
+# The parent passes --data-dir to the child processes as RAGSUITE_DATA.
+FIXTURES = ROOT / "tests" / "fixtures" / "data"
 
 
 def questions(limit: int) -> list[str]:
-    for path in QUESTION_FILES:
-        if path.is_file():
-            with path.open(encoding="utf-8") as handle:
-                rows = [json.loads(line)["question"] for line in handle if line.strip()]
-            return (rows * (limit // len(rows) + 1))[:limit]
-    raise SystemExit("no hotpotqa dev.jsonl found")
+    path = Path(os.environ.get("RAGSUITE_DATA") or FIXTURES) / "hotpotqa" / "dev.jsonl"
+    if not path.is_file():
+        raise SystemExit(f"no {path}; pass --data-dir")
+    with path.open(encoding="utf-8") as handle:
+        rows = [json.loads(line)["question"] for line in handle if line.strip()]
+    return (rows * (limit // len(rows) + 1))[:limit]
 
 
 def memory_now() -> dict[str, float]:
@@ -432,11 +430,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", action="store_true", help="keep the built indexes (corpora are always kept)"
     )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=FIXTURES,
+        help="datasets: the corpora's word statistics and HotpotQA's dev questions (default: the fixtures)",
+    )
     args = parser.parse_args(argv)
+    os.environ["RAGSUITE_DATA"] = str(args.data_dir.resolve())
     sizes = [parse_count(s) for s in args.sizes.split(",")]
     results = []
     for n in sizes:
-        corpus = write_corpus(n, args.work / f"synthetic-{human(n)}.jsonl")
+        corpus = write_corpus(n, args.work / f"synthetic-{human(n)}.jsonl", data_dir=args.data_dir)
         cache, bm25s_dir, tantivy_dir = (
             args.work / f"{kind}-{human(n)}" for kind in ("cache", "bm25s", "tantivy")
         )

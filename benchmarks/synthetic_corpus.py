@@ -1,9 +1,9 @@
 """A deterministic synthetic corpus of any size with the word statistics of real passages.
 
-    python benchmarks/synthetic_corpus.py 1000000 /tmp/synthetic-1M.jsonl [--seed 0]
+    python benchmarks/synthetic_corpus.py 1000000 /tmp/synthetic-1M.jsonl [--seed 0] [--data-dir DIR]
 
-Word statistics come from the dev corpora (``../shared/data/*/corpus.jsonl`` beside the clone, or the test
-fixtures when those are absent):
+Word statistics come from every ``*/corpus.jsonl`` under ``--data-dir`` (by default the committed test
+fixtures, ``tests/fixtures/data``; the published scale figures used the dev samples' corpora):
 
 * passage and title lengths are drawn from the empirical length distributions;
 * 92% of words are drawn from the empirical word distribution (surface forms, case and punctuation kept, so
@@ -26,24 +26,23 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = [ROOT.parent / "shared" / "data", ROOT / "tests" / "fixtures" / "data"]
+FIXTURES = ROOT / "tests" / "fixtures" / "data"
 NOVEL_SHARE = 0.08
 NOVEL_ZIPF_A = 1.5
 _LETTERS = np.array(list("bcdfghjklmnprstvwz"))
 _VOWELS = np.array(list("aeiou"))
 
 
-def source_passages() -> list[dict]:
-    """Every passage of the dev corpora (the first source folder that has any)."""
-    for root in SOURCES:
-        files = sorted(root.glob("*/corpus.jsonl"))
-        if files:
-            rows = []
-            for file in files:
-                with file.open(encoding="utf-8") as handle:
-                    rows.extend(json.loads(line) for line in handle if line.strip())
-            return rows
-    raise SystemExit(f"no corpus.jsonl under {' or '.join(map(str, SOURCES))}")
+def source_passages(data_dir: Path = FIXTURES) -> list[dict]:
+    """Every passage of the corpora under ``data_dir``."""
+    files = sorted(Path(data_dir).glob("*/corpus.jsonl"))
+    if not files:
+        raise SystemExit(f"no */corpus.jsonl under {data_dir}; pass --data-dir")
+    rows = []
+    for file in files:
+        with file.open(encoding="utf-8") as handle:
+            rows.extend(json.loads(line) for line in handle if line.strip())
+    return rows
 
 
 def _pseudo_word(n: int) -> str:
@@ -108,20 +107,22 @@ class Generator:
             made += size
 
 
-def write_corpus(n: int, path: Path, *, seed: int = 0) -> Path:
-    """Write the ``n``-passage corpus for ``seed`` to ``path`` (skipped when a complete one is there)."""
+def write_corpus(n: int, path: Path, *, seed: int = 0, data_dir: Path = FIXTURES) -> Path:
+    """Write the ``n``-passage corpus for ``seed`` and the statistics of ``data_dir``'s corpora to ``path``
+    (skipped when a complete one made from the same source is there)."""
     done = path.with_suffix(path.suffix + ".done")
-    if path.is_file() and done.is_file() and done.read_text() == f"{n} {seed}":
+    marker = f"{n} {seed} {Path(data_dir).resolve()}"
+    if path.is_file() and done.is_file() and done.read_text() == marker:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    generator = Generator(source_passages(), seed)
+    generator = Generator(source_passages(data_dir), seed)
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as handle:
         for row in generator.passages(n):
             handle.write(json.dumps(row, ensure_ascii=False))
             handle.write("\n")
     tmp.replace(path)
-    done.write_text(f"{n} {seed}")
+    done.write_text(marker)
     return path
 
 
@@ -139,8 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("n", type=parse_count)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=FIXTURES,
+        help="datasets whose corpora give the word statistics (default: the committed fixtures)",
+    )
     args = parser.parse_args(argv)
-    write_corpus(args.n, args.out, seed=args.seed)
+    write_corpus(args.n, args.out, seed=args.seed, data_dir=args.data_dir)
     print(args.out)
     return 0
 
