@@ -126,9 +126,13 @@ def test_an_unknown_model_name_lists_the_packaged_ones(cache: Path) -> None:
 
 def test_settings_come_from_the_model_and_the_machine(tmp_path: Path, cache: Path, monkeypatch) -> None:
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf', context_length=32768)}")
-    monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 4)
+    monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 5)
     settings = plan_settings(model, parallel=2)
-    assert (settings.ctx, settings.threads, settings.parallel) == (8192, 2, 2)  # capped; cores shared
+    assert (settings.ctx, settings.threads, settings.parallel) == (
+        8192,
+        2,
+        2,
+    )  # capped; a core for the client
     assert plan_settings(model, parallel=8).threads == 1  # never below one thread per slot
     small = resolve_model(f"local:{tiny_model(tmp_path / 's.gguf', context_length=2048)}")
     assert plan_settings(small).ctx == 2048

@@ -39,6 +39,10 @@ CMAKE_OPTIONS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_UI=OFF",
 )
+# Built for this CPU (-march=native), but without AMX: a CPU can report AMX while its virtual machine
+# or kernel does not enable the tile registers, and ggml's AMX kernels then die on their first instruction
+# (SIGILL, seen on a cloud VM). The AVX-512/AVX2 kernels still apply.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 class BuildError(RagsuiteError, RuntimeError):
@@ -86,7 +90,7 @@ def build_llama_server(*, jobs: int | None = None, say: Callable[[str], None] = 
         source = _extract(archive, work / "src")
         build = work / "build"
         say(f"building llama-server with {jobs} job(s); this takes a few minutes")
-        _run([cmake, "-S", str(source), "-B", str(build), *CMAKE_OPTIONS], work / "cmake.log")
+        _run([cmake, "-S", str(source), "-B", str(build), *CMAKE_OPTIONS, *_cpu_flags()], work / "cmake.log")
         _run(
             [cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
             work / "build.log",
@@ -102,6 +106,14 @@ def build_llama_server(*, jobs: int | None = None, say: Callable[[str], None] = 
         os.replace(work / "install", target)  # whole or not at all: a half-built binary is never found
     say(f"built {target / 'bin' / 'llama-server'}")
     return target / "bin" / "llama-server"
+
+
+def _cpu_flags() -> list[str]:
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    return [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
 
 
 def _download_source(work: Path) -> Path:
