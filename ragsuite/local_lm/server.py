@@ -18,9 +18,10 @@ talks to vLLM:
 Settings come from the model and the machine: the context window per slot is the model's trained context
 capped at 8,192 tokens (a CPU run never needs more, and the KV cache stays small), and each slot gets an
 equal share of the cores the process may use less one, which is left to the client, and at least one
-thread (two llama.cpp threads on 2 busy cores made a call ten times slower than one). A prompt longer than the window is refused by the server with an
-error that names ``--local-ctx``; a prompt that fits but leaves less room than ``max_tokens`` gets the room
-that is left (the server's rule, stated in the reply's ``finish_reason: length``).
+thread (two llama.cpp threads on 2 busy cores made a call ten times slower than one). A prompt longer than
+the window is refused by the server with an error that names ``--local-ctx``; a prompt that fits but leaves
+less room than ``max_tokens`` gets the room that is left (the server's rule, stated in the reply's
+``finish_reason: length``).
 
 Example:
     >>> with LocalServer(resolve_model("local")) as server:
@@ -106,7 +107,7 @@ def plan_settings(
         )
     if threads is None:
         # One core is left to the client (retrieval, parsing, the harness): llama.cpp's threads spin while
-        # they wait, so a thread that shares its core with the client slows every token (ten times on 2 cores).
+        # they wait, so one that shares its core with the client slows every token (ten times on 2 cores).
         threads = max(1, (usable_cores() - 1) // parallel)
     elif threads < 1:
         raise ConfigError("--local-threads must be >= 1")
