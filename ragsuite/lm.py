@@ -520,6 +520,13 @@ def describe_lm_failure(exc: BaseException, *, lm: Any = None) -> str | None:
             f"the LM answered 429 (rate limited) on {attempts}; lower --threads, or raise --retries "
             "or --max-retry-wait"
         )
+    text = str(exc)
+    if "exceeds the available context size" in text or "context length" in text.lower():
+        # The server refused a prompt longer than its window: nothing was sent to fail halfway.
+        return (
+            f"the prompt does not fit the LM's context window ({redact(text.splitlines()[0])[:300]}); "
+            "raise --local-ctx (the local LM) or the server's own limit, or lower top_k / --max-tokens"
+        )
     return None
 
 

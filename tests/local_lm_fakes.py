@@ -105,6 +105,17 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+        ctx = int(args.ctx_size)
+        if prompt > ctx:  # llama-server's own refusal of a prompt longer than its window
+            message = f"request ({{prompt}} tokens) exceeds the available context size ({{ctx}} tokens)"
+            error = {{"code": 400, "message": message, "type": "exceed_context_size_error"}}
+            data = json.dumps({{"error": error}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         completion = len(reply.split())
         totals["prompt"] += prompt
         totals["completion"] += completion

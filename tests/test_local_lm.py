@@ -238,3 +238,33 @@ def test_serve_local_list_shows_what_is_installed(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "qwen2.5-coder-0.5b-instruct-q4_k_m" in out
     assert ("installed" in out) and os.linesep in out
+
+
+def test_a_prompt_longer_than_the_window_is_refused_with_the_flag_to_raise_and_the_run_goes_on(
+    tmp_path: Path, cache: Path, monkeypatch, capsys
+) -> None:
+    from ragsuite.cli import main
+
+    monkeypatch.setenv("RAGSUITE_LLAMA_SERVER", str(fake_llama_server(tmp_path)))
+    path = tiny_model(tmp_path / "m.gguf")
+    out = tmp_path / "run"
+    command = [
+        "eval",
+        "--program",
+        "vanilla",
+        "--dataset",
+        "hotpotqa",
+        "--lm",
+        f"local:{path}",
+        "--limit",
+        "2",
+    ]
+    # The stand-in counts words as tokens; 256 is too few for the prompt with its passages.
+    code = main([*command, "--local-ctx", "256", "--no-cache", "--no-progress", "--out", str(out)])
+    assert code == 1
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 2  # every question recorded: the run went on
+    assert all("--local-ctx" in record["error"]["message"] for record in records)
+    assert json.loads((out / "summary.json").read_text())["errors"] == 2
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["lm"]["engine"] == "llama.cpp" and manifest["lm"]["api_base"] is None

@@ -49,12 +49,17 @@ if _MISSING:
 
 @pytest.fixture(scope="module")
 def server() -> Any:
+    """The local server for the program matrix: llama.cpp, which ``ragsuite serve --local --build`` builds.
+    The transformers engine runs it only when ``RAGSUITE_TEST_LOCAL_ENGINE=transformers`` asks (it takes
+    several times as long)."""
     from ragsuite.local_lm import LocalServer, resolve_model
+    from ragsuite.local_lm.server import find_llama_server
 
+    engine = os.environ.get("RAGSUITE_TEST_LOCAL_ENGINE", "llama.cpp")
+    if engine == "llama.cpp" and find_llama_server() is None:
+        pytest.skip("real-LM tests: no llama-server; build it with `ragsuite serve --local --build`")
     try:
-        local = LocalServer(
-            resolve_model("local"), engine=os.environ.get("RAGSUITE_TEST_LOCAL_ENGINE", "auto")
-        )
+        local = LocalServer(resolve_model("local"), engine=engine)
     except MissingExtraError as exc:
         pytest.skip(f"real-LM tests: {exc}")
     with local:
@@ -122,6 +127,36 @@ def test_the_local_model_answers_a_grounded_question_with_logprobs(server: Any) 
     logprobs = lm.history[-1]["response"].choices[0].logprobs
     assert logprobs is not None and all(entry.logprob <= 0 for entry in logprobs.content)
     assert isinstance(dspy.settings, object)
+
+
+def test_the_transformers_engine_serves_the_same_file_with_usage_and_logprobs() -> None:
+    from ragsuite.lm import build_lm
+    from ragsuite.local_lm import LocalServer, resolve_model
+
+    try:
+        local = LocalServer(resolve_model("local"), engine="transformers")
+    except MissingExtraError as exc:
+        pytest.skip(f"transformers engine: {exc}")
+    with local:
+        lm = build_lm("local", api_base=local.api_base, temperature=0.0, max_tokens=16, cache=False)
+        before = server_totals(local)
+        reply = lm(
+            messages=[
+                {"role": "user", "content": "The Eiffel Tower was completed in 1889. When? Year only."}
+            ],
+            logprobs=True,
+            top_logprobs=2,
+        )
+        after = server_totals(local)
+    text = reply[0]["text"] if isinstance(reply[0], dict) else reply[0]
+    assert "1889" in text
+    usage = lm.history[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        after[0] - before[0],
+        after[1] - before[1],
+    )
+    entries = lm.history[-1]["response"].choices[0].logprobs.content
+    assert len(entries) == usage["completion_tokens"] and all(len(e.top_logprobs) == 2 for e in entries)
 
 
 PROGRAMS = [
