@@ -268,3 +268,37 @@ def test_a_prompt_longer_than_the_window_is_refused_with_the_flag_to_raise_and_t
     assert json.loads((out / "summary.json").read_text())["errors"] == 2
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["lm"]["engine"] == "llama.cpp" and manifest["lm"]["api_base"] is None
+
+
+def test_serve_local_starts_a_server_other_commands_reuse_and_ctrl_c_stops_it(
+    tmp_path: Path, cache: Path, capsys
+) -> None:
+    import signal
+    import subprocess
+
+    from ragsuite.cli import main
+    from ragsuite.local_lm.server import free_port
+    from ragsuite.testing.processes import stop_process
+
+    path = tiny_model(tmp_path / "m.gguf")
+    env = {**os.environ, "RAGSUITE_LLAMA_SERVER": str(fake_llama_server(tmp_path)), "PYTHONUNBUFFERED": "1"}
+    port = free_port()
+    command = [sys.executable, "-m", "ragsuite", "serve", "--local", str(path), "--port", str(port)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline() for _ in range(2)]  # blocks until the server is ready
+        api_base = f"http://127.0.0.1:{port}/v1"
+        assert f"use: --lm local:{path} --api-base {api_base}" in lines[1], lines
+        out = tmp_path / "run"
+        flags = ["--limit", "1", "--no-cache", "--no-progress", "--out", str(out)]
+        code = main(["eval", "--program", "no-retrieval", "--dataset", "hotpotqa", "--lm", f"local:{path}",
+                     "--api-base", api_base, *flags])  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+        assert json.loads((out / "manifest.json").read_text())["lm"]["engine"] == "llama.cpp"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{api_base}/models", timeout=5)  # the server went with it
+    finally:
+        stop_process(process)

