@@ -336,8 +336,9 @@ def test_train_without_the_extra_names_the_install_command(tmp_path, monkeypatch
 
 
 # ---------------------------------------------------------------------------- training
-def tiny_model(rows: list[dict], path: Path) -> None:
-    """A word-level tokenizer over the pairs' words with a chat template, and a 2-layer random Llama."""
+def tiny_model(rows: list[dict], path: Path, *, dtype: str = "float32") -> None:
+    """A word-level tokenizer over the pairs' words with a chat template, and a 2-layer random Llama saved in
+    ``dtype`` (released instruct models are bfloat16 checkpoints)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -368,7 +369,7 @@ def tiny_model(rows: list[dict], path: Path) -> None:
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
     )
-    LlamaForCausalLM(config).save_pretrained(path)
+    LlamaForCausalLM(config).to(getattr(torch, dtype)).save_pretrained(path)
     fast.save_pretrained(path)
 
 
@@ -464,3 +465,97 @@ def test_train_with_lora_saves_a_merged_model(built: dict, tmp_path) -> None:
     assert record["losses"][-1] < record["losses"][0]
     model = AutoModelForCausalLM.from_pretrained(out)  # merged: a plain model, no adapter files needed
     assert not (out / "adapter_config.json").exists() and type(model).__name__ == "LlamaForCausalLM"
+
+
+def built_rows(built: dict) -> list[dict]:
+    return [
+        json.loads(line) for line in (built["out"] / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+
+
+def changed_share(trained, reference, *, only: str = "") -> float:
+    """The share of weight entries that differ between two models of the same architecture (of the
+    parameters whose name contains ``only``)."""
+    changed = total = 0
+    for (name, a), (_, b) in zip(trained.named_parameters(), reference.named_parameters(), strict=True):
+        if only in name:
+            changed += int((a.detach().float() != b.detach().float()).sum())
+            total += a.numel()
+    return changed / total
+
+
+def test_bf16_trains_float32_weights_under_autocast_and_the_paper_s_lr_moves_them(
+    built: dict, tmp_path, monkeypatch
+) -> None:
+    """``--bf16`` is mixed precision: the matmuls run in bfloat16 (autocast) while the weights the optimizer
+    updates stay float32. Trained in bfloat16 itself, the paper's lr 5e-7 rounds nearly every update away."""
+    pytest.importorskip("trl", reason="needs the train extra: pip install -e '.[train]'")
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.models.llama import modeling_llama
+
+    from ragsuite.align.trainer import DPOSettings
+
+    assert DPOSettings().effective_learning_rate == 5e-7  # the paper's
+    seen: list[tuple[torch.dtype, torch.dtype]] = []  # (weight dtype, output dtype) of each MLP call
+    forward = modeling_llama.LlamaMLP.forward
+
+    def watched(self, x):
+        output = forward(self, x)
+        seen.append((self.down_proj.weight.dtype, output.dtype))
+        return output
+
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", watched)
+    base, out = tmp_path / "base", tmp_path / "trained"
+    tiny_model(built_rows(built), base, dtype="bfloat16")
+    argv = ["align", "train", str(built["out"]), "--model", str(base), "--out", str(out), "--bf16"]
+    argv += ["--batch-size", "2", "--per-device-batch-size", "2", "--max-steps", "4", "--max-length", "2048"]
+    assert main(argv) == 0  # the default learning rate
+    assert seen and {weight for weight, _ in seen} == {torch.float32}  # master weights stay float32
+    assert torch.bfloat16 in {output for _, output in seen}  # and the compute ran in bfloat16
+    record = json.loads((out / "align_train.json").read_text(encoding="utf-8"))
+    assert record["bf16"] is True and record["weights_dtype"] == "float32" and record["steps"] == 4
+    assert record["settings"]["learning_rate"] == 5e-7
+    trained = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert {p.dtype for p in trained.parameters()} == {torch.float32}
+    # From a bfloat16 checkpoint, 4 steps at lr 5e-7 move nearly every weight; trained in bfloat16 itself,
+    # about 1% of them moved.
+    share = changed_share(trained, AutoModelForCausalLM.from_pretrained(base, dtype="auto"))
+    assert share > 0.9, share
+
+
+def test_a_half_precision_model_is_refused_for_full_training(built: dict, tmp_path) -> None:
+    pytest.importorskip("trl", reason="needs the train extra: pip install -e '.[train]'")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ragsuite.align.trainer import DPOSettings, train_dpo
+
+    base = tmp_path / "base"
+    tiny_model(built_rows(built), base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"bfloat16 weights.*float32.*--bf16"):
+        train_dpo(built["out"], model=model, out=tmp_path / "out", settings=DPOSettings(max_steps=1))
+    assert not (tmp_path / "out").exists()
+
+
+def test_lora_has_its_own_default_lr_and_it_moves_the_merged_weights(built: dict, tmp_path) -> None:
+    pytest.importorskip("trl", reason="needs the train extra: pip install -e '.[train]'")
+    pytest.importorskip("peft", reason="needs the train extra: pip install -e '.[train]'")
+    from transformers import AutoModelForCausalLM
+
+    from ragsuite.align.trainer import LORA_LEARNING_RATE, DPOSettings
+
+    assert DPOSettings(lora=True).effective_learning_rate == LORA_LEARNING_RATE > 5e-7
+    assert DPOSettings(lora=True, learning_rate=1e-4).effective_learning_rate == 1e-4
+    base, out = tmp_path / "base", tmp_path / "lora"
+    tiny_model(built_rows(built), base)
+    argv = ["align", "train", str(built["out"]), "--model", str(base), "--out", str(out), "--lora", "--bf16"]
+    argv += ["--batch-size", "2", "--per-device-batch-size", "2", "--max-steps", "3", "--max-length", "2048"]
+    assert main(argv) == 0
+    record = json.loads((out / "align_train.json").read_text(encoding="utf-8"))
+    assert record["settings"]["learning_rate"] == LORA_LEARNING_RATE and record["weights_dtype"] == "float32"
+    trained = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    # LoRA adapts the attention and MLP projections; merged, trained at its default lr, they moved.
+    share = changed_share(trained, AutoModelForCausalLM.from_pretrained(base), only="_proj.")
+    assert share > 0.9, share

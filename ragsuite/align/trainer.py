@@ -5,6 +5,15 @@ The defaults are the paper's: learning rate 5e-7, beta 0.1, one epoch, batch siz
 accumulation over ``per_device_batch_size``), sigmoid DPO loss, the reference model frozen. The paper trains
 all parameters; ``lora=True`` trains a LoRA adapter through peft instead (one GPU for an 8B model) and, by
 default, merges it into the saved model so that ``ragsuite serve`` (vLLM) serves it like any other model.
+A LoRA adapter starts at zero and is scaled down by ``lora_alpha / r``, so its default learning rate is its
+own, :data:`LORA_LEARNING_RATE` (5e-6, the Hugging Face alignment handbook's LoRA DPO recipe), not 5e-7.
+
+Precision: the weights the optimizer updates are always float32; ``bf16`` is mixed precision (the forward
+and backward matmuls run in bfloat16 under autocast, as DeepSpeed/Accelerate's ``bf16`` does with float32
+master weights). A bfloat16 weight near 0.02 cannot change by less than about 1e-4, so an Adam step of
+5e-7 applied to bfloat16 weights rounds away: 8 steps changed under 1% of the weights, against nearly all
+in float32. A model passed in already loaded in 16-bit is refused rather than trained that way. The model
+is saved in float32 (what was trained; a 16-bit copy would round small updates away again).
 
 The pairs' prompts are chat messages (DSPy's system and user messages) rendered with the model's own chat
 template, the way vLLM renders them when ``ragsuite eval`` sends the same messages, so the model must have a
@@ -25,7 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +45,10 @@ log = logging.getLogger("ragsuite.align.trainer")
 
 #: The record of a training run, written beside the model.
 TRAIN_RECORD = "align_train.json"
+#: The default learning rate of full-parameter DPO (the paper's).
+FULL_LEARNING_RATE = 5e-7
+#: The default learning rate of a LoRA adapter (the alignment handbook's LoRA DPO recipe for a 7B model).
+LORA_LEARNING_RATE = 5e-6
 _FEATURE = "ragsuite align train"
 
 
@@ -44,7 +57,8 @@ class DPOSettings:
     """The training settings (paper defaults).
 
     Attributes:
-        learning_rate: 5e-7 (the paper).
+        learning_rate: Default (None): 5e-7 (the paper) for all parameters, :data:`LORA_LEARNING_RATE` for
+            LoRA; see :attr:`effective_learning_rate`.
         beta: DPO's KL weight, 0.1 (the paper).
         epochs: 1 (the paper).
         batch_size: Effective batch size, 8 (the paper).
@@ -55,14 +69,14 @@ class DPOSettings:
         lora_r: LoRA rank.
         lora_alpha: LoRA scaling.
         merge_lora: Save the adapter merged into the model (servable by vLLM as a plain model).
-        bf16: Train in bfloat16 (default: when a GPU supports it).
+        bf16: Compute in bfloat16 under autocast over float32 weights (default: when a GPU supports it).
         gradient_checkpointing: Trade compute for memory (the official script turns it on).
         max_steps: Stop after this many optimizer steps (``-1``: the epochs decide).
         seed: Training seed.
         logging_steps: Log the loss every this many steps.
     """
 
-    learning_rate: float = 5e-7
+    learning_rate: float | None = None
     beta: float = 0.1
     epochs: float = 1.0
     batch_size: int = 8
@@ -78,8 +92,15 @@ class DPOSettings:
     seed: int = 0
     logging_steps: int = 1
 
+    @property
+    def effective_learning_rate(self) -> float:
+        """The learning rate used: the one given, else the default of full training or of LoRA."""
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return LORA_LEARNING_RATE if self.lora else FULL_LEARNING_RATE
+
     def check(self) -> None:
-        if self.learning_rate <= 0 or self.beta <= 0 or self.epochs <= 0:
+        if self.effective_learning_rate <= 0 or self.beta <= 0 or self.epochs <= 0:
             raise ConfigError("learning rate, beta and epochs must be > 0")
         if self.per_device_batch_size < 1 or self.batch_size < self.per_device_batch_size:
             raise ConfigError("the batch size must be >= the per-device batch size, and both >= 1")
@@ -117,6 +138,32 @@ def require_train_extra(*, lora: bool = False) -> None:
         require(module, extra="train", feature=_FEATURE)
 
 
+def _weights_dtype(model: Any) -> str:
+    """The dtype of the trained (trainable) weights, e.g. ``float32``."""
+    dtypes = {str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.requires_grad}
+    return ",".join(sorted(dtypes)) or "none"
+
+
+def _refuse_half_precision(model: Any, *, name: str, lr: float) -> None:
+    """Raise when a loaded model's floating-point weights are 16-bit: the optimizer would update them in
+    16 bits, where updates of ``lr`` round away."""
+    import torch
+
+    half = sorted(
+        {
+            str(p.dtype).removeprefix("torch.")
+            for p in model.parameters()
+            if p.dtype in (torch.bfloat16, torch.float16)
+        }
+    )
+    if half:
+        raise ConfigError(
+            f"{name} has {'/'.join(half)} weights: trained in {half[0]}, updates at learning rate {lr:g} "
+            "round away. Load it in float32 (from_pretrained(..., dtype=torch.float32)) or pass its name or "
+            "path; --bf16 then runs the compute in bfloat16 over float32 weights"
+        )
+
+
 def _train_file(data: str | os.PathLike[str]) -> Path:
     path = Path(data).expanduser()
     return path / TRAIN_FILE if path.is_dir() else path
@@ -150,6 +197,7 @@ def train_dpo(
     """
     settings = settings or DPOSettings()
     settings.check()
+    settings = replace(settings, learning_rate=settings.effective_learning_rate)
     require_train_extra(lora=settings.lora)
     import torch
     from datasets import Dataset
@@ -180,9 +228,11 @@ def train_dpo(
     cuda = torch.cuda.is_available()
     bf16 = settings.bf16 if settings.bf16 is not None else bool(cuda and torch.cuda.is_bf16_supported())
     if isinstance(model, (str, os.PathLike)):
-        model = AutoModelForCausalLM.from_pretrained(
-            str(model), dtype=torch.bfloat16 if bf16 else torch.float32
-        )
+        # float32 master weights whatever the checkpoint's dtype (a bfloat16 checkpoint loads exactly);
+        # bf16 is the Trainer's autocast.
+        model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    else:
+        _refuse_half_precision(model, name=name, lr=settings.effective_learning_rate)
     peft_config = None
     if settings.lora:
         from peft import LoraConfig
@@ -199,7 +249,7 @@ def train_dpo(
     out_dir = Path(out).expanduser()
     config = DPOConfig(
         output_dir=str(out_dir),
-        learning_rate=settings.learning_rate,
+        learning_rate=settings.effective_learning_rate,
         beta=settings.beta,
         num_train_epochs=settings.epochs,
         max_steps=settings.max_steps,
@@ -224,6 +274,7 @@ def train_dpo(
         peft_config=peft_config,
     )
     trainer.train()
+    weights_dtype = _weights_dtype(trainer.model)  # before a LoRA merge leaves nothing trainable
     losses = [float(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
     out_dir.mkdir(parents=True, exist_ok=True)
     main_process = trainer.is_world_process_zero()
@@ -254,10 +305,19 @@ def train_dpo(
         "gradient_accumulation_steps": accumulation,
         "world_size": world,
         "bf16": bf16,
+        "weights_dtype": weights_dtype,
     }
     if main_process:
         (out_dir / TRAIN_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return result
 
 
-__all__ = ["TRAIN_RECORD", "DPOSettings", "TrainResult", "require_train_extra", "train_dpo"]
+__all__ = [
+    "FULL_LEARNING_RATE",
+    "LORA_LEARNING_RATE",
+    "TRAIN_RECORD",
+    "DPOSettings",
+    "TrainResult",
+    "require_train_extra",
+    "train_dpo",
+]

@@ -119,14 +119,15 @@ def _register_build(actions: argparse._SubParsersAction) -> None:
 
 
 def _register_train(actions: argparse._SubParsersAction) -> None:
-    from ragsuite.align.trainer import DPOSettings
+    from ragsuite.align.trainer import FULL_LEARNING_RATE, LORA_LEARNING_RATE, DPOSettings
 
     defaults = DPOSettings()
     train = actions.add_parser(
         "train",
         help="DPO-train a model on an align build's pairs (needs the train extra)",
         description="Train MODEL with DPO (TRL's DPOTrainer) on DIR/train.jsonl with the paper's settings "
-        "(lr 5e-7, beta 0.1, 1 epoch, batch 8), save it to --out, ready for `ragsuite serve --model OUT`. "
+        "(lr 5e-7, beta 0.1, 1 epoch, batch 8; float32 weights, bf16 autocast on a GPU that has it), save it "
+        "to --out, ready for `ragsuite serve --model OUT`. "
         "Needs: pip install -e '.[train]'.",
     )
     train.add_argument(
@@ -134,7 +135,12 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
     )
     train.add_argument("--model", required=True, help="model name or path (a chat/instruct model)")
     train.add_argument("--out", required=True, type=Path, help="where to save the trained model")
-    train.add_argument("--learning-rate", type=float, default=defaults.learning_rate, help="default 5e-7")
+    train.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help=f"default {FULL_LEARNING_RATE:g} (the paper's), {LORA_LEARNING_RATE:g} with --lora",
+    )
     train.add_argument("--beta", type=float, default=defaults.beta, help="DPO beta (default 0.1)")
     train.add_argument("--epochs", type=float, default=defaults.epochs, help="default 1")
     train.add_argument(
@@ -160,7 +166,7 @@ def _register_train(actions: argparse._SubParsersAction) -> None:
         "--bf16",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="default: when the GPU supports it",
+        help="compute in bfloat16 (autocast) over float32 weights; default: when the GPU supports it",
     )
     train.add_argument("--gradient-checkpointing", action="store_true", help="less memory, more compute")
     train.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
