@@ -1,21 +1,21 @@
-"""Eval throughput over 1, 2 and 4 LM replicas (LiteLLM's Router, ``ragsuite.lm_replicas``) against linear.
+"""Eval throughput over 1, 2 and 4 LM replicas (``ragsuite.lm_replicas``) against linear.
 
 Each replica is a local OpenAI-compatible server in its own process (its CPU is not charged to the
 client) that answers after ``--latency`` seconds and serves at most ``--capacity`` requests at once, queueing
 the rest, as a GPU server saturates: one replica's throughput is ``capacity / latency`` requests per
 second, whatever the number of client threads. ``ragsuite.evaluation`` runs the no-retrieval program (one LM
-call per question) on ``--threads`` threads through the Router LM (``ragsuite.lm_replicas.ReplicaLM``,
+call per question) on ``--threads`` threads through the replica LM (``ragsuite.lm_replicas.ReplicaLM``,
 what ``build_lm(..., api_base=[URLs])`` makes for two or more) and, for reference, one replica through the
 plain client. Every configuration gets the same number of question rounds per serving slot, so its ideal
 wall time is the same: ``rounds * latency``. Enough rounds keep the last, partly filled round (one replica
 given a request or two more than another) a small part of the wall time.
 
-Efficiency vs linear = throughput with R replicas / (R x throughput with 1 replica through the Router),
+Efficiency vs linear = throughput with R replicas / (R x throughput with 1 replica through the replica LM),
 measured in one run.
 
 Usage:
     python benchmarks/replicas.py [--replicas 1 2 4] [--latency 0.5] [--capacity 4] [--threads 64]
-        [--rounds 24] [--routing least-busy]
+        [--rounds 24] [--routing least-busy|random]
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def _serve(latency: float, capacity: int, queue: Any, stop: Any, done: Any) -> N
             super().__init__(*args, **kwargs)
             self._slots = threading.BoundedSemaphore(capacity)
 
-        def _complete(self, body: dict[str, Any]) -> Any:
+        def _complete(self, body: dict[str, Any], **kwargs: Any) -> Any:
+            # Whatever else the server passes along (the endpoint: chat or text) goes through unchanged.
             with self._slots:
-                return super()._complete(body)
+                return super()._complete(body, **kwargs)
 
     def respond(request: Any) -> dict[str, str]:
         return {name: "ok" for name in request.output_fields}
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--routing",
         default="least-busy",
-        help="the Router's routing_strategy (default least-busy, what ragsuite uses; e.g. simple-shuffle)",
+        choices=["least-busy", "random"],
+        help="how a replica is picked (default least-busy, what ragsuite uses; random for comparison)",
     )
     args = parser.parse_args(argv)
 
@@ -105,14 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         process.start()
     bases = [queue.get(timeout=60) for _ in servers]
     program = NoRetrieval()
-    # (label, replicas, LM): one server through the plain client, then 1, 2, 4 ... through the Router.
+    # (label, replicas, LM): one server through the plain client, then 1, 2, 4 ... through the replica LM.
     setups: list[tuple[str, int, Any]] = []
     if 1 in args.replicas:
         setups.append(
             ("1, plain client", 1, lambda: build_lm("openai/scripted", api_base=bases[0], **options))
         )
     for count in args.replicas:
-        setups.append((f"{count}, Router", count, lambda count=count: router_lm(bases[:count])))
+        setups.append((f"{count}, replicas", count, lambda count=count: router_lm(bases[:count])))
     rows = []
     try:
         for label, count, make_lm in setups:
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 ).with_inputs("question")
                 for i in range(n)
             ]
-            with dspy.context(lm=lm):  # warm up: imports, connections, the Router's first call
+            with dspy.context(lm=lm):  # warm up: imports, connections, each replica's first call
                 evaluate(
                     program, examples[: 2 * count], dataset="hotpotqa", threads=2 * count, progress=False
                 )
@@ -150,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         served = dict(done.get(timeout=30) for _ in servers)
         for process in servers:
             process.join(timeout=10)
-    # Linear is measured against one replica through the same client (the Router).
-    single = next((row[4] for row in rows if row[0] == "1, Router"), None)
+    # Linear is measured against one replica through the same client (the replica LM).
+    single = next((row[4] for row in rows if row[0] == "1, replicas"), None)
     print(
         f"latency {1000 * args.latency:.0f} ms/request, {args.capacity} requests at once per replica, "
         f"{args.threads} eval threads, {args.rounds} rounds per slot, routing {args.routing}, "

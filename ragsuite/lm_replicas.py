@@ -1,20 +1,30 @@
-"""One LM served by several OpenAI-compatible replicas, spread over them by LiteLLM's ``Router``.
+"""One LM served by several OpenAI-compatible replicas: each request goes to the least busy replica, and a
+failed request moves to another replica at once.
 
-Several vLLM servers serving the same model (one per GPU, or one per host) act as one LM: every request goes
-through one ``litellm.Router`` holding one deployment per replica under the same model name. The Router picks
-the replica with the fewest requests in flight (its ``least-busy`` strategy) and, when a replica fails (5xx,
-429, timeout, refused connection), sends the same request to another replica at once. A replica failing more
-than :data:`ALLOWED_FAILS` time(s) a minute rests for :data:`COOLDOWN_SECONDS` (LiteLLM's cooldown, which
-ignores refused connections). When every replica has failed, DSPy's own retry loop waits and tries again,
-with the same capped, logged waits as a single server (:class:`ragsuite.lm_client.EndpointLM`).
+Several vLLM servers serving the same model (one per GPU, or one per host) act as one LM. Every attempt DSPy
+makes goes to the replica with the fewest requests in flight (ties go round the replicas in turn), through
+that replica's own ``LiteLLMEngine`` (DSPy's engine over ``litellm.completion``, LiteLLM's public API). When
+the replica fails (5xx, 429, timeout, refused connection) the same request goes to the next least busy replica
+not yet tried, at once; one attempt tries each replica at most once. A replica failing more than
+:data:`ALLOWED_FAILS` time(s) a minute rests for :data:`COOLDOWN_SECONDS` (it is tried only after the others).
+Errors that no other replica would answer differently (a refused key, a bad request, an unknown model) are
+raised at once. When every replica has failed, the attempt fails: DSPy's own retry loop waits and tries
+again, with the same capped, logged waits as a single server (:class:`ragsuite.lm_client.EndpointLM`); when
+every replica refused the connection, the error says which ones could not be reached, and a run stops.
 
-``least-busy`` rather than LiteLLM's default ``simple-shuffle``: with 64 eval threads over 4 replicas that
-each serve 4 requests at once, least-busy kept the replicas evenly loaded (0.96 of linear) where random choice
-let queues grow on some replicas while others idled (0.86); ``benchmarks/replicas.py --routing NAME``.
+Why not LiteLLM's ``Router``: its failover retries a deployment that just failed (and picks an idle, dead
+replica first under least-busy) unless private hooks are replaced, and those hooks changed between releases
+(litellm 1.110 dropped the helper ragsuite imported, then rewrote the Router). Picking a replica is a few
+lines here; sending the request stays LiteLLM's. Tested with litellm 1.106.2 and 1.110.2 (the range
+``pyproject.toml`` allows; see ``docs/replicas.md``).
 
-The Router is DSPy's engine for the LM (``dspy.LM(engine=...)``, one attempt per DSPy attempt), so DSPy's
-response cache, history, usage tracking and the request ledger work as for one server. Cached answers belong
-to the set of replicas (not to one of them): any replica may have answered.
+``least-busy`` rather than random choice: with 64 eval threads over 4 replicas that each serve 4 requests at
+once, least-busy keeps the replicas evenly loaded where random choice lets queues grow on some replicas while
+others idle (``benchmarks/replicas.py --routing random`` compares them).
+
+The pool is DSPy's engine for the LM (``dspy.LM(engine=...)``, one pass over the replicas per DSPy attempt),
+so DSPy's response cache, history, usage tracking and the request ledger work as for one server. Cached
+answers belong to the set of replicas (not to one of them): any replica may have answered.
 
 Every replica gets the same key (``--api-key-env``, or a placeholder); it is sent only to the replicas given.
 A replica's ``user:password@`` becomes that replica's own basic ``Authorization`` header.
@@ -27,23 +37,30 @@ Example:
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
+import random
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from dspy.clients.engines.litellm_engine import AsyncLiteLLMEngine, LiteLLMEngine
-from dspy.clients.engines.litellm_errors import litellm_errors
+from dspy import lm15
+from dspy.clients.engines import AsyncLiteLLMEngine, LiteLLMEngine
 
 from ragsuite.lm_client import DEFAULT_MAX_RETRY_WAIT, EndpointLM
 
 log = logging.getLogger("ragsuite.lm")
 
-#: How the Router picks a replica (see the module docstring for why not the default).
+#: How a replica is picked: ``least-busy`` (fewest requests in flight) or ``random``.
 ROUTING_STRATEGY = "least-busy"
 #: Seconds a replica that failed rests before it gets requests again.
 COOLDOWN_SECONDS = 5.0
 #: Failures a replica may have (per minute) before it rests.
 ALLOWED_FAILS = 1
+#: Failures another replica may not have: overload, a server error, a timeout, a dropped connection.
+FAILOVER_ERRORS = (lm15.RateLimitError, lm15.ServerError, lm15.TimeoutError, lm15.TransportError)
 
 
 def _public(url: str) -> str:
@@ -52,54 +69,143 @@ def _public(url: str) -> str:
     return strip_credentials(url) or url
 
 
-def _make_router(model: str, replicas: Sequence[str], *, api_key: str | None, timeout: float) -> Any:
-    import litellm
-    from litellm.router import _as_retry_skipped_deployment_ids
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a failure to connect: refused, unreachable, a
+    name that does not resolve. LiteLLM reports these as HTTP 500 ``InternalServerError``."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ConnectionRefusedError) or type(error).__name__ in (
+            "ConnectError",
+            "ConnectTimeout",
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
-    from ragsuite.lm import split_url_credentials
 
-    class FailoverRouter(litellm.Router):
-        """The Router moves a failed request to another replica at once.
+class _Replica:
+    """One replica: its engines, requests in flight and recent failures."""
 
-        LiteLLM skips a deployment on retry only after a non-retryable answer; here every failure (5xx, 429,
-        timeout, refused connection) skips it, so a retry reaches another replica while one is left (LiteLLM
-        falls back to all of them when none is). LiteLLM never rests a replica for a refused connection, and
-        least-busy would pick the idle, dead one first. Every wait belongs to DSPy's retry loop, where
-        ``--max-retry-wait`` caps it and each one is logged."""
+    def __init__(self, url: str, *, model: str, api_key: str | None, timeout: float) -> None:
+        from ragsuite.lm import split_url_credentials
 
-        @staticmethod
-        def _deployment_ids_to_skip_on_retry(
-            exception: Exception, already_skipped: object
-        ) -> tuple[str, ...]:
-            failed = getattr(exception, "retry_skip_deployment_id", None) or getattr(
-                exception, "failed_deployment_id", None
-            )
-            if not failed:
-                return ()
-            return tuple(sorted({*_as_retry_skipped_deployment_ids(already_skipped), str(failed)}))
-
-        def _time_to_sleep_before_retry(self, *args: Any, **kwargs: Any) -> float:
-            return 0.0
-
-    deployments = []
-    for url in replicas:
         base, basic = split_url_credentials(url)
-        params: dict[str, Any] = {"model": model, "api_base": base, "timeout": timeout}
+        options: dict[str, Any] = {"api_base": base, "timeout": timeout}
         if api_key is not None:
-            params["api_key"] = api_key
+            options["api_key"] = api_key
         if basic:
-            params["extra_headers"] = {"Authorization": basic}
-        deployments.append(
-            {"model_name": model, "litellm_params": params, "model_info": {"id": _public(url)}}
-        )
-    return FailoverRouter(
-        model_list=deployments,
-        routing_strategy=ROUTING_STRATEGY,
-        # One pass over the other replicas per DSPy attempt.
-        num_retries=len(replicas) - 1,
-        allowed_fails=ALLOWED_FAILS,
-        cooldown_time=COOLDOWN_SECONDS,
-    )
+            options["extra_headers"] = {"Authorization": basic}
+        self.url = _public(url)
+        self.engine = LiteLLMEngine(model_type="chat", **options)
+        self.async_engine = AsyncLiteLLMEngine(model_type="chat", **options)
+        self.in_flight = 0
+        self.failures: collections.deque[float] = collections.deque()
+        self.resting_until = 0.0
+
+
+class ReplicaPool:
+    """Picks a replica for each request and moves a failed request to the next one.
+
+    Args:
+        model: The model string (``openai/SERVED_NAME``).
+        replicas: The replicas' ``/v1`` URLs (``user:password@`` allowed).
+        api_key: The key every replica gets (None: none sent).
+        timeout: Seconds per request before it fails over.
+        strategy: ``least-busy`` or ``random`` (default :data:`ROUTING_STRATEGY`).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        replicas: Sequence[str],
+        *,
+        api_key: str | None,
+        timeout: float,
+        strategy: str | None = None,
+    ) -> None:
+        self.strategy = strategy or ROUTING_STRATEGY
+        if self.strategy not in ("least-busy", "random"):
+            raise ValueError(f"unknown routing strategy {self.strategy!r}: least-busy or random")
+        self.replicas = [_Replica(url, model=model, api_key=api_key, timeout=timeout) for url in replicas]
+        self._lock = threading.Lock()
+        self._turn = itertools.count()
+
+    def _acquire(self, tried: set[int]) -> _Replica | None:
+        """The replica to try next (counted in flight), or None when every one was tried."""
+        now = time.monotonic()
+        with self._lock:
+            candidates = [i for i in range(len(self.replicas)) if i not in tried]
+            if not candidates:
+                return None
+            turn = next(self._turn)
+            size = len(self.replicas)
+
+            def rank(i: int) -> tuple[bool, float, int]:
+                replica = self.replicas[i]
+                # Resting replicas last; then the least busy (or a random one); ties in turn.
+                load = replica.in_flight if self.strategy == "least-busy" else random.random()
+                return (replica.resting_until > now, load, (i - turn) % size)
+
+            index = min(candidates, key=rank)
+            tried.add(index)
+            replica = self.replicas[index]
+            replica.in_flight += 1
+            return replica
+
+    def _release(self, replica: _Replica, error: BaseException | None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            replica.in_flight -= 1
+            if error is None:
+                return
+            replica.failures.append(now)
+            while replica.failures and replica.failures[0] < now - 60.0:
+                replica.failures.popleft()
+            if len(replica.failures) > ALLOWED_FAILS:
+                replica.resting_until = now + COOLDOWN_SECONDS
+        log.debug("replica %s failed (%s); trying another", replica.url, type(error).__name__)
+
+    def _all_failed(self, failures: list[tuple[_Replica, BaseException]]) -> BaseException:
+        """The error of an attempt that failed on every replica."""
+        if all(_refused(exc) for _, exc in failures):
+            names = ", ".join(replica.url for replica, _ in failures)
+            return lm15.TransportError(
+                f"failed to connect to any of the {len(failures)} replicas ({names}): connection refused or "
+                "host unreachable"
+            )
+        # A 429 carries the Retry-After that DSPy's (capped) wait honours.
+        limited = [exc for _, exc in failures if isinstance(exc, lm15.RateLimitError)]
+        return (limited or [failures[-1][1]])[-1]
+
+    def complete(self, request: Any) -> Any:
+        failures: list[tuple[_Replica, BaseException]] = []
+        tried: set[int] = set()
+        while (replica := self._acquire(tried)) is not None:
+            error: BaseException | None = None
+            try:
+                return replica.engine.complete(request)
+            except FAILOVER_ERRORS as exc:
+                error = exc
+                failures.append((replica, exc))
+            finally:
+                self._release(replica, error)
+        raise self._all_failed(failures)
+
+    async def acomplete(self, request: Any) -> Any:
+        failures: list[tuple[_Replica, BaseException]] = []
+        tried: set[int] = set()
+        while (replica := self._acquire(tried)) is not None:
+            error: BaseException | None = None
+            try:
+                return await replica.async_engine.complete(request)
+            except FAILOVER_ERRORS as exc:
+                error = exc
+                failures.append((replica, exc))
+            finally:
+                self._release(replica, error)
+        raise self._all_failed(failures)
 
 
 class _RouterEngineState:
@@ -120,24 +226,15 @@ class _RouterEngineState:
         }
 
 
-class RouterEngine(_RouterEngineState, LiteLLMEngine):
-    """DSPy engine sending each attempt through a ``litellm.Router`` over the replicas."""
+class RouterEngine(_RouterEngineState):
+    """DSPy engine sending each attempt to the replicas of a :class:`ReplicaPool`."""
 
-    # Every call goes through complete(Request); the inherited shortcut would call litellm directly.
-    complete_legacy = None
-
-    def __init__(self, router: Any, **state: Any) -> None:
+    def __init__(self, pool: ReplicaPool, **state: Any) -> None:
         _RouterEngineState.__init__(self, **state)
-        LiteLLMEngine.__init__(self, model_type="chat")
-        self.router = router
+        self.pool = pool
 
     def complete(self, request: Any) -> Any:
-        data = self._arguments(request)
-        # DSPy's engine asks LiteLLM for no retries; the Router's own (one per other replica) are failover.
-        data.pop("num_retries", None)
-        with litellm_errors(model=request.model):
-            raw = self.router.completion(**data)
-        return self._response(raw, request)
+        return self.pool.complete(request)
 
     def stream(self, request: Any) -> Any:
         raise NotImplementedError("streaming through several replicas is not supported")
@@ -147,23 +244,15 @@ class RouterEngine(_RouterEngineState, LiteLLMEngine):
         return _engines_from_state(state)[0]
 
 
-class AsyncRouterEngine(_RouterEngineState, AsyncLiteLLMEngine):
-    """The async counterpart of :class:`RouterEngine` (same Router)."""
+class AsyncRouterEngine(_RouterEngineState):
+    """The async counterpart of :class:`RouterEngine` (same pool)."""
 
-    complete_legacy = None
-
-    def __init__(self, router: Any, **state: Any) -> None:
+    def __init__(self, pool: ReplicaPool, **state: Any) -> None:
         _RouterEngineState.__init__(self, **state)
-        AsyncLiteLLMEngine.__init__(self, model_type="chat")
-        self.router = router
+        self.pool = pool
 
     async def complete(self, request: Any) -> Any:
-        data = self._arguments(request)
-        # DSPy's engine asks LiteLLM for no retries; the Router's own (one per other replica) are failover.
-        data.pop("num_retries", None)
-        with litellm_errors(model=request.model):
-            raw = await self.router.acompletion(**data)
-        return self._response(raw, request)
+        return await self.pool.acomplete(request)
 
     def stream(self, request: Any) -> Any:
         raise NotImplementedError("streaming through several replicas is not supported")
@@ -190,18 +279,18 @@ def _engines_from_state(state: dict[str, Any]) -> tuple[RouterEngine, AsyncRoute
 def _engines(
     model: str, replicas: Sequence[str], *, api_key: str | None, key_env: str | None, timeout: float
 ) -> tuple[RouterEngine, AsyncRouterEngine]:
-    router = _make_router(model, replicas, api_key=api_key, timeout=timeout)
+    pool = ReplicaPool(model, replicas, api_key=api_key, timeout=timeout)
     state = {"model": model, "replicas": replicas, "key_env": key_env, "timeout": timeout}
-    return RouterEngine(router, **state), AsyncRouterEngine(router, **state)
+    return RouterEngine(pool, **state), AsyncRouterEngine(pool, **state)
 
 
 class ReplicaLM(EndpointLM):
-    """An :class:`EndpointLM` whose requests are spread over several replicas by a ``litellm.Router``.
+    """An :class:`EndpointLM` whose requests are spread over several replicas by a :class:`ReplicaPool`.
 
     Args:
         model: The ``dspy.LM`` model string (``openai/SERVED_NAME``).
         replicas: The replicas' ``/v1`` URLs (``user:password@`` allowed). ``build_lm`` makes a ReplicaLM for
-            two or more; one is allowed (a Router over one server, for comparisons).
+            two or more; one is allowed (a pool of one server, for comparisons).
         api_key: The key every replica gets (None: none sent).
         key_env: The variable the key came from (kept when the LM's state is saved).
         timeout: Seconds per request before it fails over.
@@ -257,10 +346,13 @@ def replica_lm(model: str, replicas: Sequence[str], **kwargs: Any) -> ReplicaLM:
 
 
 __all__ = [
+    "ALLOWED_FAILS",
     "COOLDOWN_SECONDS",
+    "FAILOVER_ERRORS",
     "ROUTING_STRATEGY",
     "AsyncRouterEngine",
     "ReplicaLM",
+    "ReplicaPool",
     "RouterEngine",
     "replica_lm",
 ]

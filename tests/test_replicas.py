@@ -329,3 +329,46 @@ def test_serve_replicas_errors(capsys, monkeypatch, tmp_path):
     assert "needs 3 GPUs, but CUDA_VISIBLE_DEVICES lists 2" in capsys.readouterr().err
     assert main(["serve", "--model", "m", "--replicas", "0", "--vllm", str(script)]) == 2
     assert "--replicas must be >= 1" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------- every replica down
+def test_every_replica_down_is_a_transport_error_naming_them():
+    dead = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
+    lm = build_lm("openai/scripted", api_base=dead, cache=False, retries=0)
+    with pytest.raises(dspy.utils.exceptions.LMTransportError) as raised:
+        ask_all(lm, ["Which band?"])
+    message = str(raised.value)
+    assert "failed to connect to any of the 2 replicas" in message and all(url in message for url in dead)
+    assert "429" not in message
+
+
+@pytest.mark.parametrize("engine", ["threads", "async"])
+def test_eval_stops_saying_cannot_reach_when_every_replica_goes_down(engine, tmp_path, capsys, monkeypatch):
+    """Replicas that answered the check at the start and then went down: the run stops at once with the
+    replicas named, not one "429 rate limited, lower --threads" record per question."""
+    import ragsuite.lm
+
+    monkeypatch.setattr(ragsuite.lm, "check_endpoint", lambda spec, timeout=10.0: [])  # they were up then
+    dead = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
+    code = main(_eval(tmp_path / "run", "--api-base", ",".join(dead), "--engine", engine))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cannot reach" in err and all(url in err for url in dead), err
+    assert "429" not in err and "lower --threads" not in err
+
+
+@pytest.mark.slow
+def test_the_throughput_benchmark_runs_against_the_local_server(tmp_path):
+    """benchmarks/replicas.py subclasses the local server; a change of its internals must not break it."""
+    root = Path(__file__).resolve().parents[1]
+    argv = ["--replicas", "1", "2", "--latency", "0.02", "--capacity", "2", "--threads", "4", "--rounds", "2"]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "replicas.py"), *argv],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "DSPY_CACHEDIR": str(tmp_path / "dspy")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| 2, replicas | 8 |" in done.stdout, done.stdout
