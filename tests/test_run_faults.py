@@ -5,12 +5,14 @@ Every dataset here is written by the test itself (a few hotpotqa-shaped question
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -284,11 +286,21 @@ def test_a_reply_longer_than_max_tokens_allows_is_recorded_as_an_error_and_the_r
 def test_a_second_process_on_the_same_directory_is_refused(tmp_path, capsys):
     data = write_dataset(tmp_path / "data")
     out = tmp_path / "run"
-    with LocalOpenAIServer(gold_reply(), latency=1.0) as server:
+    # The first run's LM calls wait until the second process has been refused, so the first run holds the
+    # directory throughout, however slowly a loaded machine starts the second one.
+    answer, release, asked = gold_reply(), threading.Event(), threading.Event()
+
+    def held(request):
+        asked.set()
+        release.wait(timeout=300)
+        return answer(request)
+
+    with LocalOpenAIServer(held) as server:
         first = start_eval(server, data, out, tmp_path, "--threads", "1")
         try:
             lock = out / LOCK_FILE
             wait_for(lambda: lock.exists() and f"pid {first.pid}" in lock.read_text(), first, "the lock")
+            wait_for(asked.is_set, first, "the first run's first LM call")
             second = start_eval(server, data, out, tmp_path, "--threads", "1")
             try:
                 _, stderr = second.communicate(timeout=120)
@@ -306,6 +318,7 @@ def test_a_second_process_on_the_same_directory_is_refused(tmp_path, capsys):
             assert f"is in use by pid {first.pid}" in capsys.readouterr().err
             assert first.poll() is None  # the first run was not disturbed
         finally:
+            release.set()
             stop(first)
     ids = [json.loads(line)["id"] for line in record_lines(out)]
     assert len(ids) == len(set(ids))  # nothing ran twice
@@ -405,19 +418,29 @@ def test_records_without_a_manifest_are_refused(tmp_path):
 def test_sigterm_and_ctrl_c_keep_the_records_and_write_the_summary(tmp_path, signum, code, stopped):
     data = write_dataset(tmp_path / "data")
     out = tmp_path / "run"
-    with LocalOpenAIServer(gold_reply(), latency=1.0) as server:
+    # The first question is answered at once; the others wait until the signal was sent, so exactly one
+    # record is kept however slow the machine.
+    answer, release, calls = gold_reply(), threading.Event(), itertools.count()
+
+    def first_only(request):
+        if next(calls):
+            release.wait(timeout=300)
+        return answer(request)
+
+    with LocalOpenAIServer(first_only) as server:
         process = start_eval(server, data, out, tmp_path, "--threads", "1")
         try:
             wait_for(lambda: len(record_lines(out)) >= 1, process, "the first record")
             process.send_signal(signum)
             _, stderr = process.communicate(timeout=60)
         finally:
+            release.set()
             stop(process)
     assert process.returncode == code, stderr
     assert "rerun the same command" in stderr
     summary = json.loads((out / SUMMARY).read_text())
     kept = record_lines(out)
-    assert 1 <= len(kept) < 4
+    assert len(kept) == 1
     assert summary["n"] == len(kept) and summary["total"] == 4 and not summary["complete"]
     assert summary["stopped"] == stopped
 

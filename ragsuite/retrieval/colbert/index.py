@@ -39,8 +39,11 @@ _COLBERT_LOCK = threading.RLock()
 def _import_colbert() -> Any:
     colbert = require("colbert", extra="colbert", feature="A local ColBERTv2 index")
     from ragsuite.retrieval.colbert.compat import patch_colbert_for_transformers
+    from ragsuite.retrieval.colbert.extensions import use_extensions_dir
 
     patch_colbert_for_transformers()
+    # Where `python -m ragsuite.retrieval.colbert.extensions` compiled them, unless TORCH_EXTENSIONS_DIR says.
+    use_extensions_dir()
     return colbert
 
 
