@@ -19,8 +19,8 @@ lines here; sending the request stays LiteLLM's. Tested with litellm 1.106.2 and
 ``pyproject.toml`` allows; see ``docs/replicas.md``).
 
 ``least-busy`` rather than random choice: with 64 eval threads over 4 replicas that each serve 4 requests at
-once, least-busy keeps the replicas evenly loaded where random choice lets queues grow on some replicas while
-others idle (``benchmarks/replicas.py --routing random`` compares them).
+once, least-busy kept the replicas evenly loaded (1.00 of linear) where random choice let queues grow on some
+replicas while others idled (0.91); ``benchmarks/replicas.py --routing NAME``, ``docs/replicas.md``.
 
 The pool is DSPy's engine for the LM (``dspy.LM(engine=...)``, one pass over the replicas per DSPy attempt),
 so DSPy's response cache, history, usage tracking and the request ledger work as for one server. Cached

@@ -368,7 +368,8 @@ def test_the_throughput_benchmark_runs_against_the_local_server(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "DSPY_CACHEDIR": str(tmp_path / "dspy")},
+        # PYTHONPATH: this checkout's ragsuite, whichever one the environment has installed.
+        env={**os.environ, "PYTHONPATH": str(root), "DSPY_CACHEDIR": str(tmp_path / "dspy")},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| 2, replicas | 8 |" in done.stdout, done.stdout
