@@ -1,0 +1,178 @@
+"""``ragsuite --help`` and every subcommand's ``--help`` stay light: they import neither dspy nor torch, and
+the programs epilog is read from a static catalog that must agree with the real registry."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ragsuite.cli import COMMANDS
+from ragsuite.cli.help_text import plain
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("dspy", "torch", "litellm", "transformers", "optuna")
+
+# Runs in a fresh interpreter: prints each command path's --help through main() in turn (the top level
+# first) and reports, per path, which heavy modules and command modules were loaded by then; finally builds
+# the full parser (every command registered) and reports again.
+_PROBE = """
+import contextlib, io, json, sys
+from ragsuite.cli import build_parser, main
+
+heavy, paths = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+report = []
+for path in paths:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main([*path, "--help"])
+        except SystemExit:
+            pass
+    loaded = [m for m in heavy if m in sys.modules]
+    commands = sorted(m for m in sys.modules if m.startswith("ragsuite.cli."))
+    report.append({"path": path, "loaded": loaded, "commands": commands, "help": out.getvalue()})
+build_parser()
+loaded = [m for m in heavy if m in sys.modules]
+report.append({"path": ["(full parser)"], "loaded": loaded, "commands": [], "help": "usage: ragsuite"})
+print(json.dumps(report))
+"""
+
+
+def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[list[str]]:
+    """Every command path of ``parser``: [], ["eval"], ["align", "build"], ..."""
+    found = [list(prefix)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += command_paths(sub, (*prefix, name))
+    return found
+
+
+def test_help_of_every_command_imports_neither_dspy_nor_torch() -> None:
+    from ragsuite.cli import build_parser
+
+    paths = command_paths(build_parser())
+    # The walk reached the top level, every command and nested actions (align build, data list, ...).
+    assert [] in paths and ["eval"] in paths and ["align", "build"] in paths and ["align", "train"] in paths
+    assert len(paths) >= 14
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(HEAVY), json.dumps(paths)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    for r in report:
+        assert r["help"].startswith("usage: ragsuite"), r["path"]
+    offenders = {" ".join(r["path"]) or "ragsuite": r["loaded"] for r in report if r["loaded"]}
+    assert not offenders, f"--help imported heavy modules: {offenders}"
+    # The top-level help builds no command's parser: it lists them from the static table.
+    top = report[0]
+    assert top["path"] == [] and top["commands"] == []
+    for name, _, help_line in COMMANDS:
+        assert name in top["help"] and help_line.split()[0] in top["help"]
+    eval_help = next(r["help"] for r in report if r["path"] == ["eval"])
+    assert "max_step=3" in eval_help and "DeepNote: collect knowledge in a note" in eval_help
+
+
+def test_command_table_matches_each_commands_own_help_line() -> None:
+    from ragsuite.cli import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    registered = [(choice.dest, choice.help) for choice in subparsers._choices_actions]
+    assert registered == [(name, help_line) for name, _, help_line in COMMANDS]
+
+
+def test_main_builds_only_the_command_it_runs() -> None:
+    from ragsuite.cli import build_parser, command_of
+
+    assert command_of(["-vv", "eval", "--program", "x"]) == "eval"
+    assert command_of(["--help"]) == "" and command_of([]) == ""
+    parser = build_parser(only="report")
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    # report is built in full; eval is listed only (no options of its own).
+    assert any("--html" in a.option_strings for a in subparsers.choices["report"]._actions)
+    assert not any("--program" in a.option_strings for a in subparsers.choices["eval"]._actions)
+
+
+def test_python_m_ragsuite_help_imports_no_dspy() -> None:
+    """The entry point itself (``python -m ragsuite``), checked with ``-X importtime``'s list of imports."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ragsuite", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    )
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    # No command's parser is built for the top-level help (the LM flags would import ragsuite.lm).
+    assert "ragsuite.cli" in imported and "ragsuite.lm" not in imported
+    assert not imported & set(HEAVY)
+
+
+def _docstring_head(cls: type) -> str:
+    first = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
+    return " ".join(plain(first).split())
+
+
+def _entry_source(cls: type, name: str) -> str:
+    knobs = ", ".join(f"{k!r}: {v!r}" for k, v in cls.default_knobs().items())
+    return (
+        f"ProgramEntry({name!r}, {cls.__module__ + ':' + cls.__qualname__!r}, "
+        f"{_docstring_head(cls)!r}  # shorten at a clause boundary, {{{knobs}}})"
+    )
+
+
+def test_catalog_matches_the_registry() -> None:
+    from ragsuite import programs
+    from ragsuite.programs.catalog import CATALOG
+
+    registered = programs.names()
+    missing = [n for n in registered if n not in {e.name for e in CATALOG}]
+    assert not missing, "add to ragsuite/programs/catalog.py:\n" + "\n".join(
+        _entry_source(programs.get(n), n) for n in missing
+    )
+    assert [e.name for e in CATALOG] == registered
+    for entry in CATALOG:
+        cls = programs.get(entry.name)
+        assert entry.target == f"{cls.__module__}:{cls.__qualname__}", entry.name
+        # Same values and the same types (1.0 is not 1 in a knob's help).
+        defaults = cls.default_knobs()
+        assert list(entry.knobs) == list(defaults), entry.name
+        assert [(type(v), v) for v in entry.knobs.values()] == [(type(v), v) for v in defaults.values()], (
+            f"{entry.name}: catalog {dict(entry.knobs)} != default_knobs() {defaults}"
+        )
+        head = _docstring_head(cls)
+        assert "\n" not in entry.summary and 0 < len(entry.summary) <= 140, entry.name
+        assert head.startswith(entry.summary), f"{entry.name}: {entry.summary!r} is not the start of {head!r}"
+        rest = head[len(entry.summary) :]
+        assert not rest or rest[0] in ",;:.( ", f"{entry.name}: summary cut mid-word: {entry.summary!r}"
+
+
+def test_align_recipe_names_match_the_builder() -> None:
+    from ragsuite.align.builder import RECIPES
+    from ragsuite.cli.align import RECIPE_PROGRAMS
+
+    assert list(RECIPE_PROGRAMS) == list(RECIPES)
+
+
+def test_lazy_packages_still_serve_their_names() -> None:
+    """``ragsuite.programs`` and ``ragsuite.align`` load their heavy parts on first use, not on import."""
+    code = (
+        "import sys; import ragsuite.programs, ragsuite.align, ragsuite.programs.catalog; "
+        "import ragsuite.align.trainer; "
+        "assert 'dspy' not in sys.modules, 'imported dspy'; "
+        "from ragsuite.programs import RAGProgram, register; from ragsuite.align import RECIPES, TRAIN_FILE; "
+        "assert 'dspy' in sys.modules and RAGProgram.__name__ == 'RAGProgram' and 'deepnote' in RECIPES; "
+        "print(TRAIN_FILE)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "train.jsonl"
