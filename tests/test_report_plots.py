@@ -181,3 +181,20 @@ def test_png_without_matplotlib_is_a_clear_error_and_writes_nothing(eval_runs, t
     assert "ragsuite report --png needs the 'matplotlib' package" in err and install_hint("plot") in err
     assert "[plot]" in err
     assert not out.exists() and not page.exists()
+
+
+def test_svg_axes_make_room_for_wide_ticks_and_cut_long_point_labels():
+    """Without a browser: every tick label's estimated extent lies inside the drawing, and a front label
+    longer than the room beside its point is cut with an ellipsis (its tooltip keeps it whole)."""
+    from ragsuite.report_plots import Point, Scatter, svg_scatter
+
+    name = "a-run-folder-with-a-very-long-name-" * 3
+    points = (Point(1200.0, 0.5, name, True), Point(123456.0, 0.25, "b", False))
+    svg = svg_scatter(Scatter("runs", "tokens per question", "accuracy", points), width=470)
+    ticks = re.findall(r"<text x=([\d.]+) y=[\d.]+ text-anchor=(middle|end)>([^<]+)</text>", svg)
+    assert ticks and "150,000" in [t for _, _, t in ticks]
+    for x, anchor, text in ticks:
+        half = 6.6 * len(text) / (2 if anchor == "middle" else 1)
+        assert float(x) - half >= 0 and float(x) + (half if anchor == "middle" else 0) <= 470, text
+    (label,) = re.findall(r"fill='#a02'>([^<]+)</text>", svg)
+    assert label.endswith("…") and name.startswith(label[:-1]) and f"<title>{name}" in svg

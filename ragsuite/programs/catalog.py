@@ -251,4 +251,20 @@ def entry(name: str) -> ProgramEntry | None:
     return next((e for e in CATALOG if e.name == name), None)
 
 
-__all__ = ["CATALOG", "ProgramEntry", "entry", "names"]
+def changed_knobs(name: str, knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs in ``knobs`` that differ from program ``name``'s defaults, in the program's knob order (all
+    of them for a program the catalog does not know): what a run's label shows.
+
+    Example:
+        >>> changed_knobs("deepnote", {"max_step": 2, "top_k": 5, "max_failure": 1})
+        {'max_step': 2, 'max_failure': 1}
+    """
+    known = entry(name)
+    if known is None:
+        return dict(knobs)
+    order = {k: i for i, k in enumerate(known.knobs)}
+    changed = [k for k, v in knobs.items() if k not in known.knobs or known.knobs[k] != v]
+    return {k: knobs[k] for k in sorted(changed, key=lambda k: order.get(k, len(order)))}
+
+
+__all__ = ["CATALOG", "ProgramEntry", "changed_knobs", "entry", "names"]
