@@ -188,3 +188,40 @@ def test_a_hybrid_with_settings_its_spec_cannot_carry_is_refused(tmp_path, monke
     programs.get("vanilla")(retriever=HybridRetriever(members, mode="rrf"), top_k=2).save(str(path))
     with pytest.raises(ConfigError, match=r"settings \{'k1': 0.9\} cannot be rebuilt from the spec"):
         ragsuite.load(str(path), data_dir=data)
+
+
+def test_a_program_on_a_corpus_file_loads_where_the_file_is_now(tmp_path, monkeypatch):
+    """A corpus file moved (another machine, another folder): corpus= names where it is now; its hash must be
+    the saved one, a hybrid's members over that file follow it, and the hybrid's merge settings are kept."""
+    import shutil
+
+    import ragsuite
+    from ragsuite.errors import ConfigError
+    from ragsuite.retrieval.bm25 import BM25Retriever
+    from ragsuite.retrieval.hybrid import HybridRetriever
+
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    first = write_dataset(tmp_path / "first", "hotpotqa", "river") / "hotpotqa" / "corpus.jsonl"
+    retriever = HybridRetriever([BM25Retriever.from_file(first), BM25Retriever.from_file(first)], mode="rrf")
+    path = tmp_path / "hybrid.json"
+    programs.get("vanilla")(retriever=retriever, top_k=2).save(str(path))
+    moved = tmp_path / "elsewhere" / "rivers.jsonl"
+    moved.parent.mkdir()
+    shutil.move(first, moved)
+    with pytest.raises(ConfigError, match=r"no longer exists .*ragsuite.load\(path, corpus=NEW_PATH\)"):
+        ragsuite.load(str(path))
+    loaded = ragsuite.load(str(path), corpus=moved)
+    assert loaded.retriever.describe()["spec"] == f"hybrid:rrf:bm25:{moved}+bm25:{moved}"
+    query = "Which river fact?"
+    assert [p.id for p in loaded.retriever(query, 2)] == [p.id for p in retriever(query, 2)]
+
+    other = write_dataset(tmp_path / "other", "hotpotqa", "lake") / "hotpotqa" / "corpus.jsonl"
+    with pytest.raises(ConfigError, match=r"corpus hash mismatch: .*lake|corpus hash mismatch: .*other"):
+        ragsuite.load(str(path), corpus=other)
+
+    # Merge settings a spec cannot carry are not dropped silently.
+    deeper = HybridRetriever([BM25Retriever.from_file(moved)], mode="rrf", rrf_k=10)
+    deeper_path = tmp_path / "deeper.json"
+    programs.get("vanilla")(retriever=deeper, top_k=2).save(str(deeper_path))
+    with pytest.raises(ConfigError, match=r"settings \{'rrf_k': 10\} cannot be rebuilt"):
+        ragsuite.load(str(deeper_path))

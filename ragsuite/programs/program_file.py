@@ -347,6 +347,7 @@ def load_program(
     rebuild_retriever: bool = True,
     data_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    corpus: str | os.PathLike[str] | None = None,
     **overrides: Any,
 ) -> RAGProgram:
     """Rebuild a program saved with :func:`save_program`.
@@ -362,6 +363,8 @@ def load_program(
             corpus's sha256, not the saving machine's path, so any copy of the same data works; other
             content is refused (a hash mismatch).
         cache_dir: Where a rebuilt index is kept (default ``$RAGSUITE_CACHE``, else ``~/.cache/ragsuite``).
+        corpus: Where a saved retriever's corpus file is now, when it is no longer at the saved path (another
+            machine); it must have the saved sha256.
         **overrides: Constructor arguments that win over the saved ones: knob values, or stage objects
             (``filter=``, ``blend=``) the program was built with.
 
@@ -380,7 +383,7 @@ def load_program(
     _warn_on_version_mismatch(document, path)
     if retriever is None and rebuild_retriever and document.get("retriever"):
         retriever = _rebuild_saved_retriever(
-            document["retriever"], path, data_dir=data_dir, cache_dir=cache_dir
+            document["retriever"], path, data_dir=data_dir, cache_dir=cache_dir, corpus=corpus
         )
     kwargs = {**document["knobs"], **_saved_stages(document, cls, path), **overrides}
     kwargs.setdefault("task", document.get("task", "short"))
@@ -424,6 +427,7 @@ def _rebuild_saved_retriever(
     *,
     data_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    corpus: str | os.PathLike[str] | None = None,
 ) -> Retriever:
     spec = description.get("spec")
     if not isinstance(spec, str) or not spec:
@@ -437,7 +441,7 @@ def _rebuild_saved_retriever(
 
     try:
         # The corpus (a dataset's under data_dir, or a file) must still hold the content it was saved on.
-        return rebuild_retriever(description, data_dir=data_dir, cache_dir=cache_dir)
+        return rebuild_retriever(description, data_dir=data_dir, cache_dir=cache_dir, corpus=corpus)
     except Exception as exc:
         raise ConfigError(
             f"{path}: cannot rebuild the saved retriever {spec!r} ({exc}); pass retriever="

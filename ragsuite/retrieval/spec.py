@@ -163,6 +163,7 @@ def rebuild_retriever(
     *,
     data_dir: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    corpus: str | os.PathLike[str] | None = None,
 ) -> Retriever:
     """Rebuild a saved retriever from its :meth:`describe` output (what a program file keeps).
 
@@ -175,6 +176,8 @@ def rebuild_retriever(
         description: The saved description.
         data_dir: Dataset root (defaults as in :func:`ragsuite.paths.data_dir`: ``$RAGSUITE_DATA``, ...).
         cache_dir: Where the rebuilt index is kept (defaults as in :func:`ragsuite.paths.cache_dir`).
+        corpus: Where a saved corpus file is now (another machine, another folder): it stands for every
+            saved corpus file with the same sha256.
 
     Raises:
         ConfigError: no spec; a dataset corpus missing under the data root or with other content (a hash
@@ -183,6 +186,9 @@ def rebuild_retriever(
     spec = description.get("spec")
     if not isinstance(spec, str) or not spec:
         raise ConfigError("the saved retriever has no spec to rebuild it from")
+    if corpus is not None:
+        description = _moved_corpus(description, Path(corpus).expanduser().resolve())
+        spec = description["spec"]
     _check_corpus(description, data_dir)
     settings = {k: description[k] for k in _BM25_SETTINGS if k in description}
     options = settings if description.get("kind") == "bm25" else {}
@@ -210,9 +216,54 @@ _BM25_SETTINGS = (
 )
 
 
+#: A hybrid's merge settings, which its spec does not carry either.
+_HYBRID_SETTINGS = ("rrf_k", "depth")
+
+
+def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """``description`` with ``path`` in place of every saved corpus file of the same sha256."""
+    from ragsuite.data.datasets import file_sha256_cached
+
+    if not path.is_file():
+        raise ConfigError(f"corpus={path} does not exist")
+    found = file_sha256_cached(path)
+    saved: list[str] = []
+
+    def move(node: Mapping[str, Any]) -> dict[str, Any]:
+        node = dict(node)
+        if isinstance(node.get("members"), list):
+            node["members"] = [move(m) if isinstance(m, Mapping) else m for m in node["members"]]
+            if node.get("kind") == "hybrid" and all(isinstance(m, Mapping) for m in node["members"]):
+                node["spec"] = f"hybrid:{node.get('mode')}:" + "+".join(
+                    str(m["spec"]) for m in node["members"]
+                )
+        if node.get("corpus_path"):
+            saved.append(str(node.get("corpus_sha256")))
+            if node.get("corpus_sha256") == found:
+                node["corpus_path"] = str(path)
+                node["spec"] = f"{node.get('kind', 'bm25')}:{path}"
+        return node
+
+    moved = move(description)
+    if not saved:
+        raise ConfigError(
+            "corpus= names a corpus file, but the saved retriever is over a dataset's corpus; point "
+            "data_dir= (RAGSUITE_DATA) at the data instead"
+        )
+    if found not in saved:
+        hashes = " and ".join(h[:12] + "..." for h in dict.fromkeys(saved))
+        raise ConfigError(
+            f"corpus hash mismatch: {path} has sha256 {found[:12]}..., but the program was saved on a corpus "
+            f"with sha256 {hashes}; pass the file it was saved on, or a retriever over this one (retriever=) "
+            "to accept the change"
+        )
+    return moved
+
+
 def _differing_settings(saved: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> dict[str, Any]:
     """The saved BM25 settings (a hybrid's members' included) the rebuilt retriever does not have."""
-    differing = {k: saved[k] for k in _BM25_SETTINGS if k in saved and rebuilt.get(k) != saved[k]}
+    keys = (*_BM25_SETTINGS, *_HYBRID_SETTINGS)
+    differing = {k: saved[k] for k in keys if k in saved and rebuilt.get(k) != saved[k]}
     for before, after in zip(saved.get("members") or [], rebuilt.get("members") or [], strict=False):
         if isinstance(before, Mapping) and isinstance(after, Mapping):
             differing.update(_differing_settings(before, after))
@@ -234,8 +285,8 @@ def _check_corpus(description: Mapping[str, Any], data_dir: str | os.PathLike[st
     path = Path(saved_path)
     if not path.is_file():
         raise ConfigError(
-            f"the corpus file {path} it was built on no longer exists (moved or deleted); put it back or "
-            "rebuild the retriever over its new location (CLI: --retriever bm25:NEW_PATH)"
+            f"the corpus file {path} it was built on no longer exists (moved or deleted); put it back, or "
+            "name its new location (ragsuite.load(path, corpus=NEW_PATH); CLI: --retriever bm25:NEW_PATH)"
         )
     if saved_hash and file_sha256_cached(path) != saved_hash:
         raise ConfigError(
