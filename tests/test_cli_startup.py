@@ -4,14 +4,12 @@ the programs epilog is read from a static catalog that must agree with the real 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 from ragsuite.cli import COMMANDS
-from ragsuite.cli.help_text import plain
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("dspy", "torch", "litellm", "transformers", "optuna")
@@ -117,43 +115,42 @@ def test_python_m_ragsuite_help_imports_no_dspy() -> None:
     assert not imported & set(HEAVY)
 
 
-def _docstring_head(cls: type) -> str:
-    first = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
-    return " ".join(plain(first).split())
-
-
-def _entry_source(cls: type, name: str) -> str:
-    knobs = ", ".join(f"{k!r}: {v!r}" for k, v in cls.default_knobs().items())
-    return (
-        f"ProgramEntry({name!r}, {cls.__module__ + ':' + cls.__qualname__!r}, "
-        f"{_docstring_head(cls)!r}  # shorten at a clause boundary, {{{knobs}}})"
-    )
-
-
 def test_catalog_matches_the_registry() -> None:
     from ragsuite import programs
-    from ragsuite.programs.catalog import CATALOG
+    from ragsuite.programs.catalog import CATALOG, docstring_head, summary_fits
 
-    registered = programs.names()
-    missing = [n for n in registered if n not in {e.name for e in CATALOG}]
-    assert not missing, "add to ragsuite/programs/catalog.py:\n" + "\n".join(
-        _entry_source(programs.get(n), n) for n in missing
-    )
-    assert [e.name for e in CATALOG] == registered
+    fix = "; rewrite the table with `python -m ragsuite.programs.catalog` (then ruff format it)"
+    assert [e.name for e in CATALOG] == programs.names(), "programs added, removed or reordered" + fix
     for entry in CATALOG:
         cls = programs.get(entry.name)
-        assert entry.target == f"{cls.__module__}:{cls.__qualname__}", entry.name
-        # Same values and the same types (1.0 is not 1 in a knob's help).
+        assert entry.target == f"{cls.__module__}:{cls.__qualname__}", entry.name + fix
+        # Same knobs in the same order, same values of the same types (1.0 is not 1 in a knob's help).
         defaults = cls.default_knobs()
-        assert list(entry.knobs) == list(defaults), entry.name
-        assert [(type(v), v) for v in entry.knobs.values()] == [(type(v), v) for v in defaults.values()], (
-            f"{entry.name}: catalog {dict(entry.knobs)} != default_knobs() {defaults}"
+        saved = [(k, type(v), v) for k, v in entry.knobs.items()]
+        assert saved == [(k, type(v), v) for k, v in defaults.items()], (
+            f"{entry.name}: catalog {dict(entry.knobs)} != default_knobs() {defaults}{fix}"
         )
-        head = _docstring_head(cls)
-        assert "\n" not in entry.summary and 0 < len(entry.summary) <= 140, entry.name
-        assert head.startswith(entry.summary), f"{entry.name}: {entry.summary!r} is not the start of {head!r}"
-        rest = head[len(entry.summary) :]
-        assert not rest or rest[0] in ",;:.( ", f"{entry.name}: summary cut mid-word: {entry.summary!r}"
+        head = docstring_head(cls.__doc__)
+        assert summary_fits(entry.summary, head), (
+            f"{entry.name}: {entry.summary!r} does not begin {head!r}{fix}"
+        )
+
+
+def test_the_catalog_rewrites_itself_from_the_registry() -> None:
+    """What ``python -m ragsuite.programs.catalog`` would write reads back as the registry's table."""
+    from ragsuite import programs
+    from ragsuite.programs import catalog
+
+    namespace: dict = {}
+    exec(
+        compile(catalog._rewrite().replace("if __name__ == ", "if False and "), "catalog", "exec"), namespace
+    )
+    rewritten = namespace["CATALOG"]
+    assert [e.name for e in rewritten] == programs.names()
+    assert all(dict(e.knobs) == programs.get(e.name).default_knobs() for e in rewritten)
+    assert [e.summary for e in rewritten] == [e.summary for e in catalog.CATALOG]  # fitting summaries kept
+    head = catalog.docstring_head(programs.get("flare-direct").__doc__)
+    assert len(head) > 120 and catalog.summary_fits(catalog._summary_from(head), head)
 
 
 def test_align_recipe_names_match_the_builder() -> None:

@@ -4,11 +4,13 @@
 (which imports dspy, about a second of CPU), so help stays fast. It must not import dspy or any program
 module. ``tests/test_cli_startup.py`` checks it against the real registry (:func:`ragsuite.programs.names`,
 each class's ``default_knobs()`` and docstring); when a program is added or a default changes, that test
-fails and prints the entry to paste here.
+fails. Rewrite the table from the registry with ``python -m ragsuite.programs.catalog`` (then
+``ruff format ragsuite/programs/catalog.py``); summaries that still fit their docstrings are kept.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,8 +51,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "deepnote",
         "ragsuite.programs.deepnote:DeepNote",
         (
-            "DeepNote: collect knowledge in a note, refine queries from the best note, keep an update only "
-            "when the LM judges it better"
+            "DeepNote: collect knowledge in a note, refine queries from the best note, keep an update "
+            "only when the LM judges it better"
         ),
         {
             "top_k": 5,
@@ -80,8 +82,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "hanrag",
         "ragsuite.programs.hanrag:HANRAG",
         (
-            "HANRAG: route, then answer directly, with one filtered retrieval, with concurrent filtered "
-            "retrievals for decomposed sub-questions"
+            "HANRAG: route, then answer directly, with one filtered retrieval, with concurrent filtered"
+            " retrievals for decomposed sub-questions"
         ),
         {
             "top_k": 10,
@@ -119,45 +121,51 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "blendfilter",
         "ragsuite.programs.blendfilter:BlendFilter",
         "BlendFilter: query generation blending plus LM knowledge filtering",
-        {"top_k": 5, "blend": "both", "filter_mode": "batch"},
+        {
+            "top_k": 5,
+            "blend": "both",
+            "filter_mode": "batch",
+            "decisions": "generate",
+            "filter_threshold": 0.5,
+        },
     ),
     ProgramEntry(
         "diverse-rerank",
         "ragsuite.programs.diverse_rerank:DiverseRerank",
         (
-            "Knowledge-aware diverse reranking: declare, summarize into two knowledge views, rerank by each,"
-            " interleave"
+            "Knowledge-aware diverse reranking: declare, summarize into two knowledge views, rerank by "
+            "each, interleave"
         ),
-        {
-            "pool_k": 50,
-            "declare_top": 5,
-            "n": 10,
-            "rerank_by": "auto",
-            "rerank_depth": 100,
-            "score_threshold": 0.0,
-        },
+        {"pool_k": 50, "declare_top": 5, "n": 10, "rerank_by": "auto", "score_threshold": 0.0},
     ),
     ProgramEntry(
         "ircot",
         "ragsuite.programs.ircot:IRCoT",
         "IRCoT: interleave chain-of-thought sentences with retrievals, then read",
-        {"top_k": 4, "max_steps": 8, "max_passages": 15},
+        {"top_k": 4, "max_steps": 8, "max_passages": 15, "reader": "direct"},
     ),
     ProgramEntry(
         "adaptive-rag",
         "ragsuite.programs.ircot:AdaptiveRAG",
         (
-            "Adaptive-RAG: classify the question's complexity, then answer without retrieval (A), with one "
-            "retrieval (B) or with IRCoT (C)"
+            "Adaptive-RAG: classify the question's complexity, then answer without retrieval (A), with "
+            "one retrieval (B) or with IRCoT (C)"
         ),
-        {"top_k": 4, "max_steps": 8, "max_passages": 15, "classifier": None},
+        {
+            "top_k": 4,
+            "max_steps": 8,
+            "max_passages": 15,
+            "reader": "direct",
+            "single_k": 15,
+            "classifier": None,
+        },
     ),
     ProgramEntry(
         "adaptive-retrieval",
         "ragsuite.programs.ircot:AdaptiveRetrieval",
         (
-            'Adaptive Retrieval (Mallen et al., 2023, "When Not to Trust Language Models"): retrieve only '
-            "when the LM's own knowledge is not enough"
+            'Adaptive Retrieval (Mallen et al., 2023, "When Not to Trust Language Models"): retrieve '
+            "only when the LM's own knowledge is not enough"
         ),
         {"top_k": 5},
     ),
@@ -171,15 +179,15 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "rat",
         "ragsuite.programs.notes_and_thoughts:RAT",
         (
-            "RAT: draft a chain of thought, revise each step with passages retrieved for it, answer from the"
-            " revised chain"
+            "RAT: draft a chain of thought, revise each step with passages retrieved for it, answer "
+            "from the revised chain"
         ),
-        {"top_k": 3, "max_thoughts": 5},
+        {"top_k": 3, "max_thoughts": 3},
     ),
     ProgramEntry(
         "deepnote-no-adaptive",
         "ragsuite.programs.notes_and_thoughts:DeepNoteWithoutAdaptiveRetrieval",
-        'DeepNote\'s ablation "w/o Adap. Retrieval" (Table 2): the initial note alone, no refinement loop',
+        ('DeepNote\'s ablation "w/o Adap. Retrieval" (Table 2): the initial note alone, no refinement loop'),
         {
             "top_k": 5,
             "max_step": 0,
@@ -194,8 +202,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "deepnote-no-adaptive-no-note",
         "ragsuite.programs.notes_and_thoughts:DeepNoteWithoutAdaptiveRetrievalOrNote",
         (
-            'DeepNote\'s ablation "w/o Adap. Retrieval & Init. Note" (Table 2): no note at all, i.e. vanilla'
-            " RAG over the first `top_k` passages"
+            'DeepNote\'s ablation "w/o Adap. Retrieval & Init. Note" (Table 2): no note at all, i.e. '
+            "vanilla RAG over the first `top_k` passages"
         ),
         {"top_k": 5},
     ),
@@ -203,14 +211,14 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "react",
         "ragsuite.programs.react:ReActRAG",
         "ReAct over a retriever: thought, search, observation, until `finish`",
-        {"top_k": 3, "max_iters": 5},
+        {"top_k": 3, "max_iters": 7},
     ),
     ProgramEntry(
         "flare-instruct",
         "ragsuite.programs.flare:FlareInstruct",
         (
-            "FLARE-instruct: look ahead one sentence at a time, retrieve when the LM asks, regenerate from "
-            "what was found"
+            "FLARE-instruct: look ahead one sentence at a time, retrieve when the LM asks, regenerate "
+            "from what was found"
         ),
         {"top_k": 3, "max_steps": 5},
     ),
@@ -218,8 +226,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "flare-direct",
         "ragsuite.programs.flare:FlareDirect",
         (
-            "FLARE-direct: look ahead one sentence at a time and retrieve, with the unsure tokens masked out"
-            " of the query"
+            "FLARE-direct: look ahead one sentence at a time and retrieve, with the unsure tokens "
+            "masked out of the query"
         ),
         {"top_k": 2, "max_steps": 5, "theta": 0.8, "beta": 0.4},
     ),
@@ -233,10 +241,19 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "self-rag",
         "ragsuite.programs.self_rag:SelfRAG",
         (
-            "Self-RAG with a real checkpoint: reflection tokens read from the token probabilities of a Self-"
-            "RAG model served by vLLM"
+            "Self-RAG with a real checkpoint: reflection tokens read from the token probabilities of a "
+            "Self-RAG model served by vLLM"
         ),
-        {"top_k": 5, "threshold": 0.2, "w_rel": 1.0, "w_sup": 1.0, "w_use": 0.5, "use_seqscore": True},
+        {
+            "top_k": 5,
+            "threshold": 0.2,
+            "w_rel": 1.0,
+            "w_sup": 1.0,
+            "w_use": 0.5,
+            "use_seqscore": True,
+            "beam_width": 2,
+            "max_depth": 7,
+        },
     ),
 )
 
@@ -267,4 +284,78 @@ def changed_knobs(name: str, knobs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: knobs[k] for k in sorted(changed, key=lambda k: order.get(k, len(order)))}
 
 
-__all__ = ["CATALOG", "ProgramEntry", "changed_knobs", "entry", "names"]
+def docstring_head(doc: str | None) -> str:
+    """The first paragraph of a class docstring as one line of plain text (``code`` and :role:`x` markup
+    reduced to the words), which a summary must begin."""
+    import inspect
+
+    first = inspect.cleandoc(doc or "").split("\n\n")[0]
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", first).replace("``", "`")
+    return " ".join(text.split())
+
+
+#: The longest summary; and the characters after which a docstring may be cut into one.
+SUMMARY_MAX = 140
+_CLAUSE_ENDS = ",;:.( "
+
+
+def summary_fits(summary: str, head: str) -> bool:
+    """Whether ``summary`` is ``head`` (see :func:`docstring_head`) cut at a clause boundary, on one line."""
+    rest = head[len(summary) :]
+    return (
+        0 < len(summary) <= SUMMARY_MAX
+        and "\n" not in summary
+        and head.startswith(summary)
+        and (not rest or rest[0] in _CLAUSE_ENDS)
+    )
+
+
+def _summary_from(head: str) -> str:
+    """A new summary: ``head`` up to the last clause boundary that keeps it within 120 characters."""
+    if len(head) <= 120:
+        return head.rstrip(".")
+    cut = max(head.rfind(c, 40, 120) for c in (", ", "; ", ": ", ". ", " ("))
+    return head[: cut if cut > 0 else head.rfind(" ", 0, 120)]
+
+
+def _literal(text: str) -> str:
+    """``text`` as Python source: one literal, or short ones concatenated so that lines stay short."""
+    import textwrap
+
+    if len(text) <= 90:
+        return repr(text)
+    parts = textwrap.wrap(text, 90, drop_whitespace=False, break_long_words=False)
+    return "(" + " ".join(repr(part) for part in parts) + ")"
+
+
+def _rewrite() -> str:
+    """The source of this module with :data:`CATALOG` rebuilt from the program registry (imports dspy)."""
+    from pathlib import Path
+
+    from ragsuite import programs
+
+    lines = []
+    for name in programs.names():
+        cls = programs.get(name)
+        head = docstring_head(cls.__doc__)
+        old = entry(name)
+        summary = old.summary if old is not None and summary_fits(old.summary, head) else _summary_from(head)
+        knobs = ", ".join(f"{k!r}: {v!r}" for k, v in cls.default_knobs().items())
+        target = f"{cls.__module__}:{cls.__qualname__}"
+        lines.append(f"    ProgramEntry({name!r}, {target!r}, {_literal(summary)}, {{{knobs}}}),")
+    source = Path(__file__).read_text(encoding="utf-8")
+    start = source.index("CATALOG: tuple[ProgramEntry, ...] = (\n") + len(
+        "CATALOG: tuple[ProgramEntry, ...] = (\n"
+    )
+    end = source.index("\n)\n", start)
+    return source[:start] + "\n".join(lines) + source[end:]
+
+
+__all__ = ["CATALOG", "ProgramEntry", "changed_knobs", "docstring_head", "entry", "names", "summary_fits"]
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    Path(__file__).write_text(_rewrite(), encoding="utf-8")
+    print(f"rewrote {__file__}; now run: ruff format {__file__}")
