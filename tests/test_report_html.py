@@ -236,7 +236,8 @@ window.addEventListener('load', () => {
       if (outside || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5) out.clipped.push(t.textContent);
     });
   });
-  out.run = document.getElementById('run').getBoundingClientRect().right;
+  const run = document.getElementById('run');
+  out.run = run ? run.getBoundingClientRect().right : 0;
   out.labels = [...document.querySelectorAll('#run option')].map(o => o.textContent);
   const pre = document.createElement('pre');
   pre.id = 'measure';

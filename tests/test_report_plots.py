@@ -12,7 +12,7 @@ import sys
 
 import optimizer_toys as toys
 import pytest
-from test_report_html import CHROMIUM, browser_dom
+from test_report_html import CHROMIUM, browser_dom, layout_at
 
 from ragsuite.cli import main
 from ragsuite.errors import install_hint
@@ -104,6 +104,8 @@ def test_report_of_a_tune_dir_draws_every_trial_and_the_front(tune_dir, tmp_path
         (drawn,) = re.findall(r'<svg class="chart".*?</svg>', dom, re.S)
         assert re.search(r"<polyline [^>]*></polyline>", drawn)
         assert drawn.count("<circle ") == len(done) and drawn.count('class="front"') == len(front)
+        layout = layout_at(out, 1280)  # fits a 1,280-px window; every tick and label inside its chart
+        assert layout["scroll"] <= layout["width"] and layout["overflowing"] == [] and layout["clipped"] == []
     # The study folder itself is a tune directory too.
     assert main(["report", str(study_dir), "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
