@@ -318,6 +318,14 @@ def _summary_from(head: str) -> str:
     return head[: cut if cut > 0 else head.rfind(" ", 0, 120)]
 
 
+def package_programs() -> list[str]:
+    """The names of the programs ragsuite itself registers, in registration order (imports dspy); programs
+    registered from elsewhere (a user's, a test's) are not in the catalog."""
+    from ragsuite import programs
+
+    return [n for n in programs.names() if programs.get(n).__module__.startswith("ragsuite.programs.")]
+
+
 def _literal(text: str) -> str:
     """``text`` as Python source: one literal, or short ones concatenated so that lines stay short."""
     import textwrap
@@ -335,7 +343,7 @@ def _rewrite() -> str:
     from ragsuite import programs
 
     lines = []
-    for name in programs.names():
+    for name in package_programs():
         cls = programs.get(name)
         head = docstring_head(cls.__doc__)
         old = entry(name)
@@ -351,7 +359,16 @@ def _rewrite() -> str:
     return source[:start] + "\n".join(lines) + source[end:]
 
 
-__all__ = ["CATALOG", "ProgramEntry", "changed_knobs", "docstring_head", "entry", "names", "summary_fits"]
+__all__ = [
+    "CATALOG",
+    "ProgramEntry",
+    "changed_knobs",
+    "docstring_head",
+    "entry",
+    "names",
+    "package_programs",
+    "summary_fits",
+]
 
 
 if __name__ == "__main__":
