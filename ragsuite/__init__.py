@@ -25,7 +25,9 @@ def load(path: str, **overrides: Any) -> RAGProgram:
 
     Args:
         path: The JSON program file.
-        **overrides: Run-time objects that are never stored, such as ``retriever=``.
+        **overrides: Run-time objects that are never stored, such as ``retriever=``; ``data_dir=`` (the data
+            root holding the saved dataset corpus, default ``$RAGSUITE_DATA``) and ``corpus=`` (where a saved
+            corpus file is now), both checked against the saved corpus sha256.
     """
     from ragsuite.programs.program_file import load_program
 

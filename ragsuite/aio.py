@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -88,6 +87,8 @@ async def invoke(module: Callable[..., Any], /, *args: Any, **kwargs: Any) -> An
     elif inspect.iscoroutinefunction(module) or inspect.iscoroutinefunction(type(module).__call__):
         result = await module(*args, **kwargs)
     else:
+        import asyncio  # here, not at the top: the CLI's --help reads ENGINES without paying for asyncio
+
         result = await asyncio.to_thread(module, *args, **kwargs)
     if inspect.isawaitable(result):
         result = await result
@@ -99,6 +100,8 @@ async def in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     asynchronous one. For blocking work with no async interface: retrievers, index lookups, HTTP clients."""
     if _SYNCHRONOUS.get():
         return fn(*args, **kwargs)
+    import asyncio
+
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
@@ -128,6 +131,8 @@ async def concurrently(
             error = future.exception()
             outcomes.append(error if error is not None else future.result())
     else:
+        import asyncio
+
         limit = asyncio.Semaphore(max_workers) if max_workers else None
 
         async def one(item: T) -> R:

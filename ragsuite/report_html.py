@@ -101,26 +101,39 @@ def _summary_html(run: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _histogram(title: str, values: Sequence[float]) -> str:
-    """An inline SVG bar chart of the counts of each value."""
+def _histogram(title: str, values: Sequence[float], *, axis: str = "steps") -> str:
+    """An inline SVG bar chart of the counts of each value: each count above its bar, each value under it
+    and ``axis`` naming the values, all inside the drawing (the counts' row and the labels' rows have their
+    own room above and below the bars)."""
     if not values:
         return ""
     counts: dict[float, int] = {}
     for value in values:
         counts[value] = counts.get(value, 0) + 1
     keys = sorted(counts)
-    top = max(counts.values())
-    width = 40
-    bars = "".join(
-        f"<rect x='{i * width + 5}' y='{100 - 90 * counts[k] / top:.0f}' width='{width - 10}' "
-        f"height='{90 * counts[k] / top:.0f}' fill='#69c'/><text x='{i * width + 8}' y='115' font-size='11'>"
-        f"{k:g}</text><text x='{i * width + 8}' y='{96 - 90 * counts[k] / top:.0f}' font-size='10'>"
-        f"{counts[k]}</text>"
-        for i, k in enumerate(keys)
+    most = max(counts.values())
+    slot = max(40, 8 + 6.6 * max(len(f"{k:g}") for k in keys))  # a bar per slot, its value fits under it
+    base, tall = 108, 90  # the bars' baseline and the tallest bar's height; counts above, labels below
+
+    def bar(i: int, k: float) -> str:
+        h = tall * counts[k] / most
+        middle = 5 + i * slot + slot / 2
+        return (
+            f"<rect x='{5 + i * slot + 5:.0f}' y='{base - h:.0f}' width='{slot - 10:.0f}' height='{h:.0f}' "
+            f"fill='#69c'/><text class=count x='{middle:.0f}' y='{base - h - 3:.0f}' text-anchor='middle'>"
+            f"{counts[k]}</text><text x='{middle:.0f}' y='{base + 14}' text-anchor='middle'>"
+            f"{k:g}</text>"
+        )
+
+    width = max(10 + len(keys) * slot, 20 + 6.6 * len(axis))
+    caption = (
+        f"<text x='{width / 2:.0f}' y='{base + 30}' text-anchor='middle' fill='#555'>"
+        f"{html.escape(axis)}</text>"
     )
+    bars = "".join(bar(i, k) for i, k in enumerate(keys))
     return (
-        f"<p>{html.escape(title)}</p><svg width='{len(keys) * width + 10}' height='120' role='img' "
-        f"aria-label='{html.escape(title)}'>{bars}</svg>"
+        f"<p>{html.escape(title)}</p><svg class=histogram width='{width:.0f}' height='{base + 36}' "
+        f"role='img' aria-label='{html.escape(title)}'>{bars}{caption}</svg>"
     )
 
 
@@ -157,10 +170,11 @@ def _comparison_html(a: dict[str, Any], b: dict[str, Any]) -> str:
         sa, sb = ra["metrics"].get(primary, 0), rb["metrics"].get(primary, 0)
         winner = "A" if sa > sb else "B" if sb > sa else "neither"
         rows.append(
-            f"<tr><td>{html.escape(q)}</td><td>{html.escape(ra['question'])}</td>"
-            f"<td>{html.escape(ra.get('prediction') or '')}</td>"
-            f"<td>{html.escape(rb.get('prediction') or '')}</td>"
-            f"<td>{html.escape(' | '.join(ra.get('answers') or []))}</td><td>{winner}</td></tr>"
+            # Free text (class t) may break anywhere, so an answer with no space cannot widen the page.
+            f"<tr><td>{html.escape(q)}</td><td class=t>{html.escape(ra['question'])}</td>"
+            f"<td class=t>{html.escape(ra.get('prediction') or '')}</td>"
+            f"<td class=t>{html.escape(rb.get('prediction') or '')}</td>"
+            f"<td class=t>{html.escape(' | '.join(ra.get('answers') or []))}</td><td>{winner}</td></tr>"
         )
     lines.append(f"<h3>{len(rows)} questions where the answers differ</h3>")
     lines.append(

@@ -83,15 +83,37 @@ def _num(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
+#: Width of one character of the charts' 11 px sans-serif text, a little above the average, so that an
+#: estimate errs towards room to spare.
+_CHAR_PX = 6.6
+
+
+def _text_width(text: str) -> float:
+    """The estimated width in pixels of ``text`` in the charts' font."""
+    return _CHAR_PX * len(text)
+
+
+def _fit(text: str, room: float) -> str:
+    """``text``, cut to fit ``room`` pixels with an ellipsis when it is longer."""
+    if _text_width(text) <= room:
+        return text
+    keep = max(1, int(room / _CHAR_PX) - 1)
+    return text[:keep] + "…"
+
+
 def svg_scatter(scatter: Scatter, *, width: int = 470, height: int = 320) -> str:
     """The scatter as an inline ``<svg>``: grey points, the Pareto front in red joined by a line and labelled,
     each point's label and values in its tooltip."""
-    left, right, top, bottom = 56, 14, 26, 44
     points = scatter.points
     if not points:
         return f"<p>{html.escape(scatter.title)}: nothing to plot. {html.escape(scatter.note)}</p>"
     x0, x1, xticks = _ticks(min(p.x for p in points), max(p.x for p in points))
     y0, y1, yticks = _ticks(min(p.y for p in points) * 100, max(p.y for p in points) * 100)
+    # Margins wide enough for the tick labels: the y labels end 5 px left of the frame, after the rotated
+    # axis title; the last x label is centred on the frame's right edge.
+    left = max(56, 24 + 5 + _text_width(max((_num(t) for t in yticks), key=len)))
+    right = max(14, 2 + _text_width(_num(xticks[-1])) / 2)
+    top, bottom = 26, 44
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * (width - left - right)
@@ -140,9 +162,12 @@ def svg_scatter(scatter: Scatter, *, width: int = 470, height: int = 320) -> str
     for p in front:
         labels.setdefault((p.x, p.y), []).append(p.label)
     for (x, y), names in labels.items():
-        text = names[0] + (f" (+{len(names) - 1})" if len(names) > 1 else "")
-        # Labels right of the middle are drawn to the left of their point, so they stay inside the chart.
+        more = f" (+{len(names) - 1})" if len(names) > 1 else ""
+        # Labels right of the middle are drawn to the left of their point, so they stay inside the chart;
+        # one longer than the room there is cut short (the point's tooltip has it whole).
         anchor, dx = ("end", -6) if sx(x) > (left + width - right) / 2 else ("start", 6)
+        room = sx(x) - 6 - 2 if anchor == "end" else width - sx(x) - 6 - 2
+        text = _fit(names[0], room - _text_width(more)) + more
         parts.append(
             f"<text x={sx(x) + dx:.1f} y={sy(y) - 6:.1f} text-anchor={anchor} fill='#a02'>"
             f"{html.escape(text)}</text>"

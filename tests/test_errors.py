@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
-from importlib import metadata
+from pathlib import Path
 
 import pytest
 
+from ragsuite import errors
 from ragsuite.errors import MissingExtraError, install_hint, require
 
 
-class _Dist:
-    def __init__(self, direct_url: str | None) -> None:
-        self.direct_url = direct_url
+def _installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, direct_url: str | None) -> None:
+    """ragsuite as pip lays it out in site-packages: the package beside its metadata folder, which holds a
+    direct_url.json unless it came from an index."""
+    site = tmp_path / "site-packages"
+    (site / "ragsuite").mkdir(parents=True)
+    (site / "ragsuite-0.1.0.dist-info").mkdir()
+    (site / "ragsuite-0.1.0.dist-info" / "METADATA").write_text("Name: ragsuite\n")
+    if direct_url is not None:
+        (site / "ragsuite-0.1.0.dist-info" / "direct_url.json").write_text(direct_url)
+    monkeypatch.setattr(errors, "_package_dir", lambda: site / "ragsuite")
 
-    def read_text(self, name: str) -> str | None:
-        return self.direct_url if name == "direct_url.json" else None
 
-
-def _installed(monkeypatch: pytest.MonkeyPatch, direct_url: str | None) -> None:
-    monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(direct_url))
-
-
-def test_index_install_gets_the_package_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    _installed(monkeypatch, None)
+def test_index_install_gets_the_package_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _installed(monkeypatch, tmp_path, None)
     assert install_hint("vllm") == "pip install 'ragsuite[vllm]'"
 
 
@@ -35,25 +36,28 @@ def test_index_install_gets_the_package_name(monkeypatch: pytest.MonkeyPatch) ->
     ],
 )
 def test_clone_or_url_install_gets_the_clone_command(
-    monkeypatch: pytest.MonkeyPatch, direct_url: str
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, direct_url: str
 ) -> None:
-    _installed(monkeypatch, direct_url)
+    _installed(monkeypatch, tmp_path, direct_url)
     assert install_hint("colbert") == "pip install -e '.[colbert]' (from the ragsuite clone)"
 
 
-def test_uninstalled_clone_gets_the_clone_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    def missing(name: str) -> None:
-        raise metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(metadata, "distribution", missing)
+def test_uninstalled_clone_gets_the_clone_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "ragsuite").mkdir()  # a clone: no metadata folder beside the package
+    monkeypatch.setattr(errors, "_package_dir", lambda: tmp_path / "ragsuite")
     assert install_hint("dense") == "pip install -e '.[dense]' (from the ragsuite clone)"
 
 
-def test_missing_extra_error_uses_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    _installed(monkeypatch, '{"dir_info": {"editable": true}, "url": "file:///x"}')
+def test_missing_extra_error_uses_the_hint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _installed(monkeypatch, tmp_path, '{"dir_info": {"editable": true}, "url": "file:///x"}')
     with pytest.raises(MissingExtraError) as info:
         require("ragsuite_no_such_module", extra="plot", feature="Plotting")
     message = str(info.value)
     assert "Plotting needs the 'ragsuite_no_such_module' package" in message
     assert message.endswith("Install it with: pip install -e '.[plot]' (from the ragsuite clone)")
     assert "ragsuite[plot]" not in message
+
+
+def test_this_checkout_gets_the_clone_command() -> None:
+    """The tests run from a clone (editable install or none): no metadata beside its package folder."""
+    assert install_hint("plot") == "pip install -e '.[plot]' (from the ragsuite clone)"

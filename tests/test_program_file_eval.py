@@ -128,3 +128,100 @@ def test_eval_cli_answers_from_the_command_line_corpus(tmp_path, tuned_on_hotpot
     assert "the retrieval index changed" in err
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["retriever"]["spec"] == "bm25:asqa" and manifest["dataset"] == "asqa"
+
+
+# -- ragsuite.load on another machine: the corpus by name and hash, not by path -----------------------------
+
+
+def test_a_program_file_keeps_the_corpus_hash_not_the_data_path(tmp_path, monkeypatch):
+    """Saved over one data root, loaded over a copy of it elsewhere (another machine): the same corpus is
+    found by dataset name and checked by sha256; other content is refused with the mismatch named."""
+    import shutil
+
+    import ragsuite
+    from ragsuite.errors import ConfigError
+    from ragsuite.retrieval.bm25 import BM25Retriever
+
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    here = write_dataset(tmp_path / "here", "hotpotqa", "river")
+    program = programs.get("vanilla")(
+        retriever=BM25Retriever.from_dataset("hotpotqa", data_dir=here, k1=0.9), task="short", top_k=2
+    )
+    path = tmp_path / "vanilla.json"
+    program.save(str(path))
+    text = path.read_text()
+    saved = json.loads(text)["retriever"]
+    assert str(here) not in text and str(tmp_path) not in text
+    assert saved["dataset"] == "hotpotqa" and len(saved["corpus_sha256"]) == 64
+
+    there = tmp_path / "there"
+    shutil.copytree(here, there)
+    shutil.rmtree(here)
+    loaded = ragsuite.load(str(path), data_dir=there)
+    assert loaded.retriever.describe() == program.retriever.describe()  # the same index, k1 included
+    query = "Which river fact?"
+    assert [p.id for p in loaded.retriever(query, 3)] == [p.id for p in program.retriever(query, 3)]
+    monkeypatch.setenv("RAGSUITE_DATA", str(there))
+    assert ragsuite.load(str(path)).retriever.describe()["k1"] == 0.9
+
+    corpus = there / "hotpotqa" / "corpus.jsonl"
+    corpus.write_text(corpus.read_text().replace("fact number 5", "fact number five"))
+    with pytest.raises(ConfigError, match=r"corpus hash mismatch: .*corpus.jsonl has sha256 .* saved on a "):
+        ragsuite.load(str(path), data_dir=there)
+    with pytest.raises(ConfigError, match=r"the hotpotqa corpus it was built on is not under data_dir="):
+        ragsuite.load(str(path), data_dir=tmp_path / "cache")
+    # An explicit retriever accepts the new content.
+    mine = BM25Retriever.from_dataset("hotpotqa", data_dir=there)
+    assert ragsuite.load(str(path), retriever=mine).retriever is mine
+
+
+def test_a_hybrid_with_settings_its_spec_cannot_carry_is_refused(tmp_path, monkeypatch):
+    import ragsuite
+    from ragsuite.errors import ConfigError
+    from ragsuite.retrieval.bm25 import BM25Retriever
+    from ragsuite.retrieval.hybrid import HybridRetriever
+
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    data = write_dataset(tmp_path / "data", "hotpotqa", "river")
+    members = [BM25Retriever.from_dataset("hotpotqa", data_dir=data, k1=k1) for k1 in (0.9, 1.5)]
+    path = tmp_path / "hybrid.json"
+    programs.get("vanilla")(retriever=HybridRetriever(members, mode="rrf"), top_k=2).save(str(path))
+    with pytest.raises(ConfigError, match=r"settings \{'k1': 0.9\} cannot be rebuilt from the spec"):
+        ragsuite.load(str(path), data_dir=data)
+
+
+def test_a_program_on_a_corpus_file_loads_where_the_file_is_now(tmp_path, monkeypatch):
+    """A corpus file moved (another machine, another folder): corpus= names where it is now; its hash must be
+    the saved one, a hybrid's members over that file follow it, and the hybrid's merge settings are kept."""
+    import shutil
+
+    import ragsuite
+    from ragsuite.errors import ConfigError
+    from ragsuite.retrieval.bm25 import BM25Retriever
+    from ragsuite.retrieval.hybrid import HybridRetriever
+
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    first = write_dataset(tmp_path / "first", "hotpotqa", "river") / "hotpotqa" / "corpus.jsonl"
+    retriever = HybridRetriever([BM25Retriever.from_file(first), BM25Retriever.from_file(first)], mode="rrf")
+    path = tmp_path / "hybrid.json"
+    programs.get("vanilla")(retriever=retriever, top_k=2).save(str(path))
+    moved = tmp_path / "elsewhere" / "rivers.jsonl"
+    moved.parent.mkdir()
+    shutil.move(first, moved)
+    with pytest.raises(ConfigError, match=r"no longer exists .*ragsuite.load\(path, corpus=NEW_PATH\)"):
+        ragsuite.load(str(path))
+    loaded = ragsuite.load(str(path), corpus=moved)
+    assert loaded.retriever.describe()["spec"] == f"hybrid:rrf:bm25:{moved}+bm25:{moved}"
+    query = "Which river fact?"
+    assert [p.id for p in loaded.retriever(query, 2)] == [p.id for p in retriever(query, 2)]
+
+    other = write_dataset(tmp_path / "other", "hotpotqa", "lake") / "hotpotqa" / "corpus.jsonl"
+    with pytest.raises(ConfigError, match=r"corpus hash mismatch: .*lake|corpus hash mismatch: .*other"):
+        ragsuite.load(str(path), corpus=other)
+
+    # Merge settings a spec cannot carry are not dropped silently.
+    deeper = HybridRetriever([BM25Retriever.from_file(moved)], mode="rrf", rrf_k=10)
+    deeper_path = tmp_path / "deeper.json"
+    programs.get("vanilla")(retriever=deeper, top_k=2).save(str(deeper_path))
+    with pytest.raises(ConfigError, match=r"settings \{'rrf_k': 10\} cannot be rebuilt"):
+        ragsuite.load(str(deeper_path))

@@ -213,3 +213,110 @@ def test_a_browser_shows_accuracy_against_cost_when_comparing_runs(runs, tmp_pat
     assert charts[0].count('class="front"') == 1
     tip = f"{primary} {100 * a:.1f}, tokens per question {ta:,.0f}"
     assert tip in html.unescape(charts[0])
+
+
+# Appended to a copy of a report: once the page has rendered, writes what overflows into <pre id=measure>:
+# the page's width against the window's, elements reaching past the window's right edge, SVG texts outside
+# their drawing, and where the run selector ends.
+_MEASURE = """<script>
+window.addEventListener('load', () => {
+  const de = document.documentElement, width = de.clientWidth, out = {width, scroll: de.scrollWidth};
+  const visible = e => { const r = e.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
+  out.overflowing = [...document.body.querySelectorAll('*')].filter(visible)
+    .filter(e => e.getBoundingClientRect().right > width + 0.5)
+    .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' ' + (e.textContent || '').slice(0, 40));
+  out.clipped = [];
+  out.texts = 0;
+  document.querySelectorAll('svg').forEach(svg => {
+    const box = svg.getBoundingClientRect();
+    svg.querySelectorAll('text').forEach(t => {
+      out.texts++;
+      const r = t.getBoundingClientRect();
+      const outside = r.left < box.left - 0.5 || r.right > box.right + 0.5;
+      if (outside || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5) out.clipped.push(t.textContent);
+    });
+  });
+  const run = document.getElementById('run');
+  out.run = run ? run.getBoundingClientRect().right : 0;
+  out.labels = [...document.querySelectorAll('#run option')].map(o => o.textContent);
+  const pre = document.createElement('pre');
+  pre.id = 'measure';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def layout_at(page: Path, width: int) -> dict:
+    """What overflows when ``page`` is shown in a ``width``-px wide window of headless Chromium."""
+    probe = page.with_name(page.stem + "-measured.html")
+    probe.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+    process = subprocess.Popen(
+        [*command, f"--window-size={width},900", "--dump-dom", probe.as_uri()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        dom, _ = process.communicate(timeout=90)
+    finally:
+        stop_process(process)
+    found = re.search(r'<pre id="measure">(.*?)</pre>', dom, re.S)
+    assert found, "the page did not finish rendering"
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
+def test_a_report_fits_a_1280_px_window_with_readable_axes(runs, tmp_path):
+    """Two runs with non-default knobs, long folder names, costs in the hundred thousands and an answer with
+    no space to break at: no horizontal scroll, every axis tick and label inside its drawing, the run
+    selector inside the window, and labels that name only the knobs set away from the defaults."""
+    deepnote, hanrag = runs
+    first = tmp_path / "deepnote-on-hotpotqa-with-a-rather-long-run-folder-name-2026-11-26"
+    second = tmp_path / "hanrag-on-hotpotqa-with-an-even-longer-run-folder-name-for-the-comparison"
+    shutil.copytree(deepnote, first)
+    shutil.copytree(hanrag, second)
+    manifest = json.loads((second / "manifest.json").read_text())
+    manifest["knobs"] = {**manifest["knobs"], "top_k": 7, "filter_threshold": 0.75}
+    (second / "manifest.json").write_text(json.dumps(manifest))
+    summary = json.loads((second / "summary.json").read_text())
+    summary["cost"]["input_tokens"] = 123456.0
+    (second / "summary.json").write_text(json.dumps(summary))
+    lines = (first / "records.jsonl").read_text().splitlines()
+    record = json.loads(lines[0])
+    record["prediction"] = "x" * 400  # no space to wrap at
+    lines[0] = json.dumps(record)
+    (first / "records.jsonl").write_text("\n".join(lines) + "\n")
+
+    out = tmp_path / "report.html"
+    assert main(["report", str(first), str(second), "--html", str(out)]) == 0
+    layout = layout_at(out, 1280)
+    assert layout["labels"] == [
+        f"deepnote [{first.name}]",
+        f"hanrag (top_k=7, filter_threshold=0.75) [{second.name}]",
+    ]
+    assert layout["scroll"] <= layout["width"], layout["overflowing"]
+    assert layout["overflowing"] == []
+    assert layout["texts"] > 20 and layout["clipped"] == []
+    assert layout["run"] <= layout["width"]
+
+
+def test_a_run_label_names_only_the_knobs_changed_from_the_defaults(tmp_path):
+    from ragsuite.cli.report import load_run
+    from ragsuite.programs.catalog import entry
+
+    run = tmp_path / "run"
+    run.mkdir()
+    defaults = dict(entry("hanrag").knobs)
+    manifest = {"program": "hanrag", "dataset": "hotpotqa", "knobs": {**defaults, "keep": 4}}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    row = load_run(run)
+    assert row["program"] == "hanrag (keep=4)" and row["knobs"] == manifest["knobs"]
+    manifest["knobs"] = defaults
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert load_run(run)["program"] == "hanrag"
+    # A program the catalog does not know (registered by the user): every knob, since no default is known.
+    manifest.update(program="mine", knobs={"depth": 2})
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert load_run(run)["program"] == "mine (depth=2)"

@@ -12,7 +12,7 @@ import sys
 
 import optimizer_toys as toys
 import pytest
-from test_report_html import CHROMIUM, browser_dom
+from test_report_html import CHROMIUM, browser_dom, layout_at
 
 from ragsuite.cli import main
 from ragsuite.errors import install_hint
@@ -104,6 +104,8 @@ def test_report_of_a_tune_dir_draws_every_trial_and_the_front(tune_dir, tmp_path
         (drawn,) = re.findall(r'<svg class="chart".*?</svg>', dom, re.S)
         assert re.search(r"<polyline [^>]*></polyline>", drawn)
         assert drawn.count("<circle ") == len(done) and drawn.count('class="front"') == len(front)
+        layout = layout_at(out, 1280)  # fits a 1,280-px window; every tick and label inside its chart
+        assert layout["scroll"] <= layout["width"] and layout["overflowing"] == [] and layout["clipped"] == []
     # The study folder itself is a tune directory too.
     assert main(["report", str(study_dir), "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
@@ -181,3 +183,20 @@ def test_png_without_matplotlib_is_a_clear_error_and_writes_nothing(eval_runs, t
     assert "ragsuite report --png needs the 'matplotlib' package" in err and install_hint("plot") in err
     assert "[plot]" in err
     assert not out.exists() and not page.exists()
+
+
+def test_svg_axes_make_room_for_wide_ticks_and_cut_long_point_labels():
+    """Without a browser: every tick label's estimated extent lies inside the drawing, and a front label
+    longer than the room beside its point is cut with an ellipsis (its tooltip keeps it whole)."""
+    from ragsuite.report_plots import Point, Scatter, svg_scatter
+
+    name = "a-run-folder-with-a-very-long-name-" * 3
+    points = (Point(1200.0, 0.5, name, True), Point(123456.0, 0.25, "b", False))
+    svg = svg_scatter(Scatter("runs", "tokens per question", "accuracy", points), width=470)
+    ticks = re.findall(r"<text x=([\d.]+) y=[\d.]+ text-anchor=(middle|end)>([^<]+)</text>", svg)
+    assert ticks and "150,000" in [t for _, _, t in ticks]
+    for x, anchor, text in ticks:
+        half = 6.6 * len(text) / (2 if anchor == "middle" else 1)
+        assert float(x) - half >= 0 and float(x) + (half if anchor == "middle" else 0) <= 470, text
+    (label,) = re.findall(r"fill='#a02'>([^<]+)</text>", svg)
+    assert label.endswith("…") and name.startswith(label[:-1]) and f"<title>{name}" in svg

@@ -16,19 +16,35 @@ Example:
 
 from __future__ import annotations
 
-from ragsuite.align.builder import (
-    RECIPES,
-    SAMPLING_GRID,
-    TOP_KS,
-    BuildResult,
-    DeepNoteRecipe,
-    HANRAGRecipe,
-    build_preferences,
-    recipe_for,
-    sample_questions,
-    sample_stage,
-)
-from ragsuite.align.pairs import TRAIN_FILE, PreferencePair, Sample, read_trl, select_pairs, write_trl
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ragsuite.align.builder import (
+        RECIPES,
+        SAMPLING_GRID,
+        TOP_KS,
+        BuildResult,
+        DeepNoteRecipe,
+        HANRAGRecipe,
+        build_preferences,
+        recipe_for,
+        sample_questions,
+        sample_stage,
+    )
+    from ragsuite.align.pairs import TRAIN_FILE, PreferencePair, Sample, read_trl, select_pairs, write_trl
+
+# Names served on first use: the builder imports dspy and the programs, and importing a light submodule
+# (``ragsuite.align.trainer`` for ``align train --help``) runs this file first.
+_PAIRS = {"TRAIN_FILE", "PreferencePair", "Sample", "read_trl", "select_pairs", "write_trl"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        module = "ragsuite.align.pairs" if name in _PAIRS else "ragsuite.align.builder"
+        return getattr(import_module(module), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "RECIPES",

@@ -1,5 +1,10 @@
 """The ``ragsuite`` command line. Each command lives in its own module exposing ``register(subparsers)``;
-the handler it sets with ``set_defaults(func=...)`` takes the parsed namespace and returns an exit code."""
+the handler it sets with ``set_defaults(func=...)`` takes the parsed namespace and returns an exit code.
+
+:func:`main` builds only the parser of the command it runs (the others are listed by name and help line),
+so ``ragsuite --help`` imports no command module and ``ragsuite CMD --help`` imports CMD's alone: neither
+imports dspy or torch (``tests/test_cli_startup.py``, ``benchmarks/cli_startup.py``).
+"""
 
 from __future__ import annotations
 
@@ -13,26 +18,70 @@ from ragsuite import __version__
 from ragsuite.errors import RagsuiteError
 from ragsuite.redaction import install_log_redaction, redact
 
-# In the order ``ragsuite --help`` lists them.
-COMMAND_MODULES = (
-    "ragsuite.cli.eval",
-    "ragsuite.cli.report",
-    "ragsuite.cli.bench",
-    "ragsuite.cli.compile",
-    "ragsuite.cli.tune",
-    "ragsuite.cli.align",
-    "ragsuite.cli.classifier",
-    "ragsuite.cli.index",
-    "ragsuite.cli.retrieve_eval",
-    "ragsuite.cli.serve",
-    "ragsuite.cli.serve_retriever",
-    "ragsuite.cli.data",
+# (name, module, help line) in the order ``ragsuite --help`` lists them. Each help line repeats the one the
+# module's register() gives; tests/test_cli_startup.py keeps the two equal.
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("eval", "ragsuite.cli.eval", "evaluate a program on a dataset (parallel, resumable)"),
+    (
+        "report",
+        "ragsuite.cli.report",
+        "compare several eval runs in one table, or show a tune study's Pareto front",
+    ),
+    (
+        "bench",
+        "ragsuite.cli.bench",
+        "run a paper's table (programs x datasets) and compare with the published numbers",
+    ),
+    ("compile", "ragsuite.cli.compile", "optimize a program's prompts and demos with a DSPy optimizer"),
+    (
+        "tune",
+        "ragsuite.cli.tune",
+        "search a program's knobs with Optuna (multi-objective, pruning, shared studies)",
+    ),
+    (
+        "align",
+        "ragsuite.cli.align",
+        "build stage preference pairs (DeepNote's DNAlign) and DPO-train a model on them",
+    ),
+    (
+        "classifier",
+        "ragsuite.cli.classifier",
+        "train Adaptive-RAG's query-complexity classifier from eval runs",
+    ),
+    (
+        "index",
+        "ragsuite.cli.index",
+        "build the BM25 (or a ColBERTv2) index of a dataset's corpus or of --corpus FILE",
+    ),
+    ("retrieve-eval", "ragsuite.cli.retrieve_eval", "measure retrieval recall@k / all-gold@k on a dataset"),
+    (
+        "serve",
+        "ragsuite.cli.serve",
+        "start a vLLM server for an open model, or the embedded local LM (--local)",
+    ),
+    (
+        "serve-retriever",
+        "ragsuite.cli.serve_retriever",
+        "serve a retriever over the ColBERTv2 HTTP protocol (GET/POST /api/search, GET /health)",
+    ),
+    (
+        "data",
+        "ragsuite.cli.data",
+        "download the papers' datasets and corpora; list them and their sources; convert public files",
+    ),
 )
+COMMAND_MODULES = tuple(module for _, module, _ in COMMANDS)
 
 log = logging.getLogger("ragsuite")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``ragsuite`` parser.
+
+    Args:
+        only: Build the full parser of this command alone and list the others by name and help line
+            (what :func:`main` does); ``""`` lists every command without building any. Default: all.
+    """
     parser = argparse.ArgumentParser(
         prog="ragsuite",
         description="Run, compile and tune adaptive RAG programs (DeepNote, HANRAG, BlendFilter, ...).",
@@ -40,13 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ragsuite {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    for name, module_name, help_line in COMMANDS:
+        if only is None or only == name:
+            importlib.import_module(module_name).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_line)
     return parser
 
 
+def command_of(argv: Sequence[str]) -> str:
+    """The command ``argv`` runs: its first word that is not an option (the top-level options take no
+    value), or ``""`` when there is none."""
+    return next((arg for arg in argv if not arg.startswith("-")), "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=command_of(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),

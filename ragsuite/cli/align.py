@@ -19,6 +19,10 @@ from typing import Any
 
 from ragsuite.errors import ConfigError, DataError, Terminated
 
+# The programs with a preference-pair recipe (the keys of ragsuite.align.builder.RECIPES), named here so that
+# ``--help`` need not import the builder (and dspy); tests/test_cli_startup.py keeps the two equal.
+RECIPE_PROGRAMS = ("deepnote", "adaptive-note", "hanrag", "hanrag-oracle")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -39,7 +43,6 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _register_build(actions: argparse._SubParsersAction) -> None:
-    from ragsuite.align.builder import RECIPES
     from ragsuite.cli.data_args import add_data_arguments
     from ragsuite.cli.eval import add_lm_arguments
     from ragsuite.cli.help_text import add_stage_argument
@@ -55,7 +58,7 @@ def _register_build(actions: argparse._SubParsersAction) -> None:
         "Records are saved as each question finishes; rerunning resumes. Writes OUT/train.jsonl in TRL's "
         "preference format.",
     )
-    build.add_argument("--program", help=f"program with a pair recipe: {', '.join(RECIPES)}")
+    build.add_argument("--program", help=f"program with a pair recipe: {', '.join(RECIPE_PROGRAMS)}")
     build.add_argument(
         "--program-file", type=Path, help="a compiled program (its prompts and demos are the ones sampled)"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 
 
 def plain(doc: str) -> str:
@@ -14,14 +15,19 @@ def plain(doc: str) -> str:
 
 
 def programs_epilog() -> str:
-    """Every registered program with its knobs and their defaults, one per line, for an epilog."""
-    from ragsuite import programs
+    """Every registered program with a one-line summary, then its knobs and their defaults, for an epilog.
+
+    Read from :mod:`ragsuite.programs.catalog`, so ``--help`` imports no program (and no dspy).
+    """
+    from ragsuite.programs.catalog import CATALOG
 
     lines = ["programs (knobs and defaults; change one with --set KNOB=VALUE):"]
-    for name in programs.names():
-        knobs = programs.get(name).default_knobs()
-        shown = ", ".join(f"{k}={v}" for k, v in knobs.items()) or "no knobs"
-        lines.append(f"  {name:30s} {shown}")
+    for entry in CATALOG:
+        summary = textwrap.wrap(entry.summary, 100 - 32)
+        lines.append(f"  {entry.name:29s} {summary[0]}")
+        lines.extend(" " * 32 + line for line in summary[1:])
+        shown = ", ".join(f"{k}={v}" for k, v in entry.knobs.items()) or "no knobs"
+        lines.extend(textwrap.wrap(shown, 100, initial_indent=" " * 32, subsequent_indent=" " * 34))
     return "\n".join(lines)
 
 
@@ -46,10 +52,10 @@ def add_stage_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def program_choices() -> str:
-    """The registered program names, comma-separated."""
-    from ragsuite import programs
+    """The registered program names, comma-separated (from the catalog: no program is imported)."""
+    from ragsuite.programs.catalog import names
 
-    return ", ".join(programs.names())
+    return ", ".join(names())
 
 
 def dataset_choices() -> str:

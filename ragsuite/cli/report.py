@@ -92,7 +92,13 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     lm, knobs = manifest.get("lm"), manifest.get("knobs")
     row["lm"] = lm.get("spec", row.get("lm", "")) if isinstance(lm, dict) else row.get("lm", "")
     if isinstance(knobs, dict) and knobs:
-        row["program"] += " (" + ", ".join(f"{k}={v}" for k, v in knobs.items()) + ")"
+        from ragsuite.programs.catalog import changed_knobs
+
+        # The label names only the knobs set away from the program's defaults; --json keeps them all.
+        row["knobs"] = knobs
+        changed = changed_knobs(row["program"], knobs)
+        if changed:
+            row["program"] += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
     row["dir"] = str(run_dir)
     return row
 

@@ -8,8 +8,25 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import _REGISTRY, RAGProgram, RunLedger, register, run_concurrently
+
+if TYPE_CHECKING:
+    from ragsuite.programs.base import RAGProgram, RunLedger, register, run_concurrently
+
+# Served from ragsuite.programs.base on first use: importing this package must stay free of dspy, so that
+# ``ragsuite.programs.catalog`` (read by ``--help``) costs nothing.
+_LAZY = frozenset({"RAGProgram", "RunLedger", "register", "run_concurrently"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from ragsuite.programs import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Importing the modules registers their programs.
 _PROGRAM_MODULES = (
@@ -36,12 +53,16 @@ def _load_all() -> None:
 
 def names() -> list[str]:
     """Names of every registered program."""
+    from ragsuite.programs.base import _REGISTRY
+
     _load_all()
     return list(_REGISTRY)
 
 
 def get(name: str) -> type[RAGProgram]:
     """The program class registered under ``name``."""
+    from ragsuite.programs.base import _REGISTRY
+
     _load_all()
     try:
         return _REGISTRY[name]

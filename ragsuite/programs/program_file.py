@@ -9,7 +9,8 @@ Layout (``format_version`` 1)::
       "class": "ragsuite.programs.deepnote.DeepNote",  # informational: never imported
       "task": "short",
       "knobs": {"top_k": 5, "max_step": 3, ...},   # DSPy's own state save drops these
-      "retriever": {"spec": "bm25:hotpotqa", ...}, # retriever.describe(), or null
+      "retriever": {"spec": "bm25:hotpotqa",       # retriever.describe(), or null: a dataset's corpus
+                    "corpus_sha256": "7cfe...", ...},  # by name and hash, not the data path
       "predictors": {"answer.predict": {"signature": {"instructions": ..., "fields": [...]},
                                         "demos": [...], ...}},
       "versions": {"ragsuite": "0.1.0", "dspy": "3.4.1", "optuna": "5.0.0", "python": "3.11.9"},
@@ -22,7 +23,8 @@ registry by name, knobs must be ones the program declares, and each predictor's 
 signature's instructions and field prefixes/descriptions, demos, traces and train examples. LM settings
 (``lm``, ``config`` with ``api_base`` ...) and unknown keys are refused with an error naming the file, the
 predictor and the key. Only BM25 retrievers are rebuilt from a saved spec; servers, index directories and
-models are opened only when the caller passes ``retriever=``.
+models are opened only when the caller passes ``retriever=``. A dataset's corpus is found under the loading
+machine's data root (``data_dir=``, else ``$RAGSUITE_DATA``) and must have the saved sha256.
 
 Example:
     >>> program.save("prog.json")                               # doctest: +SKIP
@@ -343,6 +345,9 @@ def load_program(
     *,
     retriever: Retriever | None = None,
     rebuild_retriever: bool = True,
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    corpus: str | os.PathLike[str] | None = None,
     **overrides: Any,
 ) -> RAGProgram:
     """Rebuild a program saved with :func:`save_program`.
@@ -353,6 +358,13 @@ def load_program(
             :func:`ragsuite.retrieval.spec.build_retriever` (e.g. the BM25 index of the saved dataset);
             only BM25 specs are rebuilt, a file never chooses a server, index directory or model to open.
         rebuild_retriever: ``False`` to keep ``retriever`` as given, even ``None``.
+        data_dir: Dataset root holding the corpus a saved dataset retriever is rebuilt on (default
+            ``$RAGSUITE_DATA``, else ``~/.cache/ragsuite/data``). Files keep the dataset name and the
+            corpus's sha256, not the saving machine's path, so any copy of the same data works; other
+            content is refused (a hash mismatch).
+        cache_dir: Where a rebuilt index is kept (default ``$RAGSUITE_CACHE``, else ``~/.cache/ragsuite``).
+        corpus: Where a saved retriever's corpus file is now, when it is no longer at the saved path (another
+            machine); it must have the saved sha256.
         **overrides: Constructor arguments that win over the saved ones: knob values, or stage objects
             (``filter=``, ``blend=``) the program was built with.
 
@@ -370,7 +382,9 @@ def load_program(
     check_document(document, cls, path)
     _warn_on_version_mismatch(document, path)
     if retriever is None and rebuild_retriever and document.get("retriever"):
-        retriever = _rebuild_saved_retriever(document["retriever"], path)
+        retriever = _rebuild_saved_retriever(
+            document["retriever"], path, data_dir=data_dir, cache_dir=cache_dir, corpus=corpus
+        )
     kwargs = {**document["knobs"], **_saved_stages(document, cls, path), **overrides}
     kwargs.setdefault("task", document.get("task", "short"))
     try:
@@ -407,7 +421,14 @@ def _rebuildable(spec: str) -> bool:
     return kind in _REBUILDABLE_RETRIEVERS
 
 
-def _rebuild_saved_retriever(description: dict[str, Any], path: Path) -> Retriever:
+def _rebuild_saved_retriever(
+    description: dict[str, Any],
+    path: Path,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    corpus: str | os.PathLike[str] | None = None,
+) -> Retriever:
     spec = description.get("spec")
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"{path}: the saved retriever has no spec to rebuild it from; pass retriever=")
@@ -419,7 +440,8 @@ def _rebuild_saved_retriever(description: dict[str, Any], path: Path) -> Retriev
     from ragsuite.retrieval.spec import rebuild_retriever
 
     try:
-        return rebuild_retriever(description)  # a corpus file must still hold the content it was saved on
+        # The corpus (a dataset's under data_dir, or a file) must still hold the content it was saved on.
+        return rebuild_retriever(description, data_dir=data_dir, cache_dir=cache_dir, corpus=corpus)
     except Exception as exc:
         raise ConfigError(
             f"{path}: cannot rebuild the saved retriever {spec!r} ({exc}); pass retriever="

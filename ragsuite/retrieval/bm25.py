@@ -324,6 +324,11 @@ class BM25Retriever:
         }
         self.dataset = dataset
         self.corpus_file = dict(corpus_file) if corpus_file else None
+        # The content hash of a corpus read from a file (a dataset's corpus.jsonl too): what a saved program
+        # keeps instead of the machine path of its data directory, and checks again when it is loaded.
+        self.corpus_sha256 = (
+            _source.digest.removeprefix("file:") if _source.digest.startswith("file:") else None
+        )
         self._tokenize = _Tokenizer(
             token_pattern=token_pattern, stopwords=stopwords, stemmer=stemmer, fold_accents=fold_accents
         )
@@ -658,6 +663,7 @@ class BM25Retriever:
         return {
             "kind": "bm25",
             "spec": spec,
+            **({"corpus_sha256": self.corpus_sha256} if self.dataset and self.corpus_sha256 else {}),
             **(self.corpus_file or {}),
             "index_key": self.index_key,
             "dataset": self.dataset,

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ragsuite.errors import ConfigError
+from ragsuite.errors import ConfigError, DataError
 from ragsuite.retrieval.base import Retriever
 
 SPEC_HELP = (
@@ -158,27 +158,126 @@ def build_retriever(
     raise ConfigError(f"unknown retriever spec {spec!r}; expected {SPEC_HELP}")
 
 
-def rebuild_retriever(description: Mapping[str, Any]) -> Retriever:
+def rebuild_retriever(
+    description: Mapping[str, Any],
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    corpus: str | os.PathLike[str] | None = None,
+) -> Retriever:
     """Rebuild a saved retriever from its :meth:`describe` output (what a program file keeps).
 
-    A retriever over a corpus file (a hybrid's members included) is rebuilt only from the same file
-    content: the saved ``corpus_sha256`` must match the file at ``corpus_path``.
+    A retriever is rebuilt only from the same corpus content (a hybrid's members included): a dataset's
+    corpus is looked up by name under ``data_dir`` (the data root of the machine loading it, not the one it
+    was saved on) and its sha256 must match the saved ``corpus_sha256``; a corpus file's must match the
+    file at ``corpus_path``.
+
+    Args:
+        description: The saved description.
+        data_dir: Dataset root (defaults as in :func:`ragsuite.paths.data_dir`: ``$RAGSUITE_DATA``, ...).
+        cache_dir: Where the rebuilt index is kept (defaults as in :func:`ragsuite.paths.cache_dir`).
+        corpus: Where a saved corpus file is now (another machine, another folder): it stands for every
+            saved corpus file with the same sha256.
 
     Raises:
-        ConfigError: no spec, or a corpus file moved, vanished or changed since the program was saved.
+        ConfigError: no spec; a dataset corpus missing under the data root or with other content (a hash
+            mismatch); a corpus file moved, vanished or changed since the program was saved.
     """
     spec = description.get("spec")
     if not isinstance(spec, str) or not spec:
         raise ConfigError("the saved retriever has no spec to rebuild it from")
-    _check_corpus_file(description)
-    return build_retriever(spec)
+    if corpus is not None:
+        description = _moved_corpus(description, Path(corpus).expanduser().resolve())
+        spec = description["spec"]
+    _check_corpus(description, data_dir)
+    settings = {k: description[k] for k in _BM25_SETTINGS if k in description}
+    options = settings if description.get("kind") == "bm25" else {}
+    retriever = build_retriever(spec, data_dir=data_dir, cache_dir=cache_dir, **options)
+    differing = _differing_settings(description, retriever.describe())
+    if differing:
+        raise ConfigError(
+            f"its settings {differing} cannot be rebuilt from the spec {spec!r} (a hybrid member's); build "
+            "the retriever yourself and pass retriever="
+        )
+    return retriever
 
 
-def _check_corpus_file(description: Mapping[str, Any]) -> None:
+#: The scoring settings a BM25 description records; rebuilding with others would score differently.
+_BM25_SETTINGS = (
+    "method",
+    "k1",
+    "b",
+    "delta",
+    "title_weight",
+    "stopwords",
+    "stemmer",
+    "fold_accents",
+    "token_pattern",
+)
+
+
+#: A hybrid's merge settings, which its spec does not carry either.
+_HYBRID_SETTINGS = ("rrf_k", "depth")
+
+
+def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """``description`` with ``path`` in place of every saved corpus file of the same sha256."""
+    from ragsuite.data.datasets import file_sha256_cached
+
+    if not path.is_file():
+        raise ConfigError(f"corpus={path} does not exist")
+    found = file_sha256_cached(path)
+    saved: list[str] = []
+
+    def move(node: Mapping[str, Any]) -> dict[str, Any]:
+        node = dict(node)
+        if isinstance(node.get("members"), list):
+            node["members"] = [move(m) if isinstance(m, Mapping) else m for m in node["members"]]
+            if node.get("kind") == "hybrid" and all(isinstance(m, Mapping) for m in node["members"]):
+                node["spec"] = f"hybrid:{node.get('mode')}:" + "+".join(
+                    str(m["spec"]) for m in node["members"]
+                )
+        if node.get("corpus_path"):
+            saved.append(str(node.get("corpus_sha256")))
+            if node.get("corpus_sha256") == found:
+                node["corpus_path"] = str(path)
+                node["spec"] = f"{node.get('kind', 'bm25')}:{path}"
+        return node
+
+    moved = move(description)
+    if not saved:
+        raise ConfigError(
+            "corpus= names a corpus file, but the saved retriever is over a dataset's corpus; point "
+            "data_dir= (RAGSUITE_DATA) at the data instead"
+        )
+    if found not in saved:
+        hashes = " and ".join(h[:12] + "..." for h in dict.fromkeys(saved))
+        raise ConfigError(
+            f"corpus hash mismatch: {path} has sha256 {found[:12]}..., but the program was saved on a corpus "
+            f"with sha256 {hashes}; pass the file it was saved on, or a retriever over this one (retriever=) "
+            "to accept the change"
+        )
+    return moved
+
+
+def _differing_settings(saved: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved BM25 settings (a hybrid's members' included) the rebuilt retriever does not have."""
+    keys = (*_BM25_SETTINGS, *_HYBRID_SETTINGS)
+    differing = {k: saved[k] for k in keys if k in saved and rebuilt.get(k) != saved[k]}
+    for before, after in zip(saved.get("members") or [], rebuilt.get("members") or [], strict=False):
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            differing.update(_differing_settings(before, after))
+    return differing
+
+
+def _check_corpus(description: Mapping[str, Any], data_dir: str | os.PathLike[str] | None) -> None:
     for member in description.get("members") or []:
         if isinstance(member, Mapping):
-            _check_corpus_file(member)
+            _check_corpus(member, data_dir)
     saved_path, saved_hash = description.get("corpus_path"), description.get("corpus_sha256")
+    dataset = description.get("dataset")
+    if not saved_path and dataset and saved_hash:
+        _check_dataset_corpus(str(dataset), str(saved_hash), data_dir)
     if not saved_path:
         return
     from ragsuite.data.datasets import file_sha256_cached
@@ -186,12 +285,34 @@ def _check_corpus_file(description: Mapping[str, Any]) -> None:
     path = Path(saved_path)
     if not path.is_file():
         raise ConfigError(
-            f"the corpus file {path} it was built on no longer exists (moved or deleted); put it back or "
-            "rebuild the retriever over its new location (CLI: --retriever bm25:NEW_PATH)"
+            f"the corpus file {path} it was built on no longer exists (moved or deleted); put it back, or "
+            "name its new location (ragsuite.load(path, corpus=NEW_PATH); CLI: --retriever bm25:NEW_PATH)"
         )
     if saved_hash and file_sha256_cached(path) != saved_hash:
         raise ConfigError(
             f"the corpus file {path} changed since the program was saved (sha256 {saved_hash[:12]}... "
             "expected); restore it, or pass a retriever over the new content explicitly "
             "(CLI: --retriever bm25:PATH) to accept the change"
+        )
+
+
+def _check_dataset_corpus(dataset: str, saved_hash: str, data_dir: str | os.PathLike[str] | None) -> None:
+    """The dataset's corpus under ``data_dir`` must be the one the program was saved on."""
+    from ragsuite.data.datasets import corpus_path, file_sha256_cached
+
+    where = f"data_dir={data_dir}" if data_dir is not None else "RAGSUITE_DATA (or the default data root)"
+    try:
+        path = corpus_path(dataset, data_dir)
+    except DataError as exc:
+        raise ConfigError(
+            f"the {dataset} corpus it was built on is not under {where} ({exc}); point data_dir= "
+            "(RAGSUITE_DATA, --data-dir) at a copy of that data, or pass retriever="
+        ) from None
+    found = file_sha256_cached(path)
+    if found != saved_hash:
+        raise ConfigError(
+            f"corpus hash mismatch: {path} has sha256 {found[:12]}..., but the program was saved on a "
+            f"{dataset} corpus with sha256 {saved_hash[:12]}...; point data_dir= (RAGSUITE_DATA, --data-dir) "
+            "at the data it was saved with, or pass a retriever over this corpus explicitly (retriever=, "
+            "CLI: --retriever) to accept the change"
         )
