@@ -15,8 +15,6 @@ Example:
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +77,9 @@ def local_endpoint(spec: str, *, api_base: str | None = None, **options: Any) ->
 
 
 def _engine_at(api_base: str, model: ModelFile) -> str:
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{api_base}/models", timeout=10) as reply:
             served = json.loads(reply.read()).get("data", [])

@@ -43,8 +43,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,6 +296,9 @@ class LocalServer:
         return self
 
     def _wait_until_ready(self) -> None:
+        import urllib.error
+        import urllib.request
+
         assert self.process is not None
         deadline = time.monotonic() + self.startup_timeout
         url = f"http://{self.host}:{self.port}/v1/models"
