@@ -98,6 +98,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             lines = [
                 f"llamacpp:prompt_tokens_total {{totals['prompt']}}",
+                "llamacpp:prompt_tokens_cached_total 0",
                 f"llamacpp:tokens_predicted_total {{totals['completion']}}",
             ]
             self._send("\n".join(lines).encode(), "text/plain")

@@ -77,7 +77,8 @@ def server_totals(server: Any) -> tuple[int, int]:
         assert match, f"{name} missing from the server's metrics:\n{text}"
         return int(float(match.group(1)))
 
-    return total("prompt_tokens_total"), total("tokens_predicted_total")
+    # llama-server counts prompt tokens reused from its prompt cache apart; a request's usage counts both.
+    return total("prompt_tokens_total") + total("prompt_tokens_cached_total"), total("tokens_predicted_total")
 
 
 def eval_command(server: Any, out: Path, program: str, dataset: str, *extra: str) -> list[str]:

@@ -240,6 +240,7 @@ def _handler(generator: Generator) -> type[BaseHTTPRequestHandler]:
                 totals = generator.totals
                 text = (
                     f"llamacpp:prompt_tokens_total {totals['prompt_tokens']}\n"
+                    "llamacpp:prompt_tokens_cached_total 0\n"  # no prompt cache here
                     f"llamacpp:tokens_predicted_total {totals['completion_tokens']}\n"
                     f"llamacpp:requests_total {totals['requests']}\n"
                 )
