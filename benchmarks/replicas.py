@@ -1,4 +1,4 @@
-"""Eval throughput over 1, 2 and 4 LM replicas (``ragsuite.lm_replicas``) against linear.
+"""Eval throughput over 1, 2 and 4 LM replicas (LiteLLM's Router, ``ragsuite.lm_replicas``) against linear.
 
 Each replica is a local OpenAI-compatible server in its own process (its CPU is not charged to the
 client) that answers after ``--latency`` seconds and serves at most ``--capacity`` requests at once, queueing
@@ -15,7 +15,7 @@ measured in one run.
 
 Usage:
     python benchmarks/replicas.py [--replicas 1 2 4] [--latency 0.5] [--capacity 4] [--threads 64]
-        [--rounds 24] [--routing least-busy|random]
+        [--rounds 24] [--routing least-busy|simple-shuffle]
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--routing",
         default="least-busy",
-        choices=["least-busy", "random"],
-        help="how a replica is picked (default least-busy, what ragsuite uses; random for comparison)",
+        choices=["least-busy", "simple-shuffle"],
+        help="the Router's routing_strategy (default least-busy, what ragsuite uses; simple-shuffle is "
+        "LiteLLM's default, random choice)",
     )
     args = parser.parse_args(argv)
 

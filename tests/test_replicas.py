@@ -373,3 +373,85 @@ def test_the_throughput_benchmark_runs_against_the_local_server(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| 2, replicas | 8 |" in done.stdout, done.stdout
+
+
+# ------------------------------------------------------------------------ LiteLLM's Router, public API
+def test_the_router_is_litellm_s_own_configured_through_public_arguments():
+    """The replicas are routed by ``litellm.Router`` itself (not a subclass, nor ragsuite's own picking), and
+    the module uses no private name of litellm or DSPy."""
+    import ast
+    import inspect
+
+    import litellm
+
+    import ragsuite.lm_replicas as module
+
+    lm = build_lm("openai/m", api_base="http://a:1/v1,http://u:pw@b:2/v1", max_retry_wait=3)
+    router = lm.engine.router
+    assert type(router) is litellm.Router
+    assert [d["model_info"]["id"] for d in router.model_list] == ["http://a:1/v1", "http://b:2/v1"]
+    assert router.routing_strategy == "least-busy" and router.num_retries == 1
+    assert router.allowed_fails == 0 and router.cooldown_time == 3  # --max-retry-wait caps the rest
+    tree = ast.parse(inspect.getsource(module))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("litellm", "dspy"):
+            assert not any(alias.name.startswith("_") for alias in node.names), ast.unparse(node)
+            assert not any(part.startswith("_") for part in node.module.split(".")), node.module
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            assert not ast.unparse(node).startswith(("router.", "self.router.", "litellm.")), ast.unparse(
+                node
+            )
+        if isinstance(node, ast.ClassDef):
+            assert "Router" not in {ast.unparse(base) for base in node.bases}, node.name
+
+
+def test_a_failed_replica_rests_then_serves_again():
+    """One 500: the Router retries on the other replica at once, and the failed one gets nothing until its
+    cooldown (here --max-retry-wait, 1 s) is over; then it serves again."""
+    with servers(2) as (bad, good):
+        bad.inject(Fault("server_error"))
+        lm = build_lm(
+            "openai/scripted",
+            api_base=[bad.api_base, good.api_base],
+            cache=False,
+            retries=0,
+            max_retry_wait=1.0,
+        )
+        deadline = time.monotonic() + 30
+        while bad.chat_requests == 0 and time.monotonic() < deadline:
+            assert ask_all(lm, [f"warm {time.monotonic()}"], threads=1)[0].startswith("echo")
+        failed_at = time.monotonic()
+        assert bad.chat_requests == 1  # the 500, retried on the good replica in the same call
+        resting = [ask_all(lm, [f"q{i}"], threads=1) for i in range(5)]
+        within = time.monotonic() - failed_at
+        assert within < 1.0 and bad.chat_requests == 1, within  # every request went to the good one
+        assert all(answers[0].startswith("echo") for answers in resting)
+        while bad.chat_requests == 1 and time.monotonic() < deadline:
+            ask_all(lm, [f"later {time.monotonic()}"], threads=1)
+        back = time.monotonic() - failed_at
+    assert bad.chat_requests > 1 and back >= 0.9, back  # back after its cooldown, not before
+
+
+def test_every_replica_resting_is_a_rate_limit_that_dspy_waits_out(caplog):
+    """Both replicas fail: both rest. A call while they rest reaches neither (the Router answers at once);
+    it is a rate limit whose Retry-After is the cooldown, and DSPy's capped retry waits it out."""
+    with servers(2) as replicas:
+        for server in replicas:
+            server.inject(Fault("server_error"))
+        bases = [s.api_base for s in replicas]
+        lm = build_lm("openai/scripted", api_base=bases, cache=False, retries=0, max_retry_wait=0.5)
+        with pytest.raises(dspy.utils.exceptions.LMServerError):
+            ask_all(lm, ["first"])
+        assert sum(s.chat_requests for s in replicas) == 2  # one pass over both
+        with pytest.raises(dspy.utils.exceptions.LMRateLimitError) as raised:
+            ask_all(lm, ["while resting"])
+        assert "every one of the 2 replicas failed" in str(raised.value) and "retry in 0.5 s" in str(
+            raised.value
+        )
+        assert sum(s.chat_requests for s in replicas) == 2  # nothing was sent
+        patient = build_lm("openai/scripted", api_base=bases, cache=False, retries=1, max_retry_wait=0.5)
+        for server in replicas:
+            server.inject(Fault("server_error"))
+        with caplog.at_level(logging.WARNING, logger="ragsuite.lm"):
+            assert ask_all(patient, ["Which band?"]) == ["echo Which band?"]
+        assert sum(s.chat_requests for s in replicas) == 5
