@@ -46,7 +46,7 @@ Differences from the earlier Router setup (private hooks, gone in litellm 1.110)
         next (capped, logged) wait covers it, at the cost of one of its retries.
     Why: ragsuite uses LiteLLM's public API only (litellm 1.110 removed the helper and refuses subclasses of
         the Router). Measured by ``test_a_failed_replica_rests_then_serves_again``: after one 500, the failed
-        replica got none of the next 5 requests and served again only once its cooldown (1 s there) had
+        replica got none of the next 5 requests and served again only once its cooldown (2 s there) had
         passed. With every replica saturated, each failure therefore idles that replica for the cooldown.
 
 Example:

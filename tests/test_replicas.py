@@ -407,7 +407,7 @@ def test_the_router_is_litellm_s_own_configured_through_public_arguments():
 
 def test_a_failed_replica_rests_then_serves_again():
     """One 500: the Router retries on the other replica at once, and the failed one gets nothing until its
-    cooldown (here --max-retry-wait, 1 s) is over; then it serves again."""
+    cooldown (here --max-retry-wait, 2 s) is over; then it serves again."""
     with servers(2) as (bad, good):
         bad.inject(Fault("server_error"))
         lm = build_lm(
@@ -415,7 +415,7 @@ def test_a_failed_replica_rests_then_serves_again():
             api_base=[bad.api_base, good.api_base],
             cache=False,
             retries=0,
-            max_retry_wait=1.0,
+            max_retry_wait=2.0,
         )
         deadline = time.monotonic() + 30
         while bad.chat_requests == 0 and time.monotonic() < deadline:
@@ -424,12 +424,12 @@ def test_a_failed_replica_rests_then_serves_again():
         assert bad.chat_requests == 1  # the 500, retried on the good replica in the same call
         resting = [ask_all(lm, [f"q{i}"], threads=1) for i in range(5)]
         within = time.monotonic() - failed_at
-        assert within < 1.0 and bad.chat_requests == 1, within  # every request went to the good one
+        assert within < 2.0 and bad.chat_requests == 1, within  # every request went to the good one
         assert all(answers[0].startswith("echo") for answers in resting)
         while bad.chat_requests == 1 and time.monotonic() < deadline:
             ask_all(lm, [f"later {time.monotonic()}"], threads=1)
         back = time.monotonic() - failed_at
-    assert bad.chat_requests > 1 and back >= 0.9, back  # back after its cooldown, not before
+    assert bad.chat_requests > 1 and back >= 1.9, back  # back after its cooldown, not before
 
 
 def test_every_replica_resting_is_a_rate_limit_that_dspy_waits_out(caplog):
