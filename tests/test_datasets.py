@@ -217,3 +217,16 @@ def test_write_jsonl_is_atomic_and_round_trips(tmp_path: Path) -> None:
     # The old file is intact and no temporary file is left behind.
     assert [ex.id for ex in load_examples_file(path)] == ["q1"]
     assert sorted(p.name for p in path.parent.iterdir()) == ["dev.jsonl"]
+
+
+def test_a_missing_split_names_the_download_that_writes_it_or_the_split_to_pass(tmp_path):
+    from ragsuite.data.datasets import load_dataset
+
+    (tmp_path / "hotpotqa").mkdir()
+    with pytest.raises(DataError, match=r"ragsuite data download hotpotqa --subset dev` writes it"):
+        load_dataset("hotpotqa", split="dev", data_dir=tmp_path)
+    (tmp_path / "nq").mkdir()
+    with pytest.raises(
+        DataError, match=r"no download writes dev\.jsonl for nq; they write test\.jsonl.*--split test"
+    ):
+        load_dataset("nq", split="dev", data_dir=tmp_path)

@@ -306,11 +306,27 @@ def load_dataset(name: str, split: str = "dev", data_dir: str | os.PathLike[str]
     info = get_dataset_info(name)
     path = resolve_data_dir(data_dir) / info.name / f"{split}.jsonl"
     if not path.is_file():
-        raise DataError(
-            f"{path} does not exist: `ragsuite data download {info.name}` installs {info.name} "
-            "(`ragsuite data list` shows the splits and subsets on offer)"
-        )
+        raise DataError(f"{path} does not exist: {_download_hint(info.name, split)}")
     return load_examples_file(path, short_answers=info.name == "asqa", id_prefix=info.name)
+
+
+def _download_hint(dataset: str, split: str) -> str:
+    """Which download writes ``<split>.jsonl`` for ``dataset``, or else the splits the downloads write."""
+    from ragsuite.data.sources import CATALOGUE
+
+    offered = CATALOGUE.of(dataset, "questions")
+    for source in sorted(offered, key=lambda source: not source.default):
+        if source.split == split:
+            flag = "" if source.default else f" --subset {source.name}"
+            return f"`ragsuite data download {dataset}{flag}` writes it"
+    written = sorted({f"{source.split}.jsonl (--subset {source.name})" for source in offered})
+    if not written:
+        return f"no download offers {dataset}'s questions; put your own {split}.jsonl there"
+    example = offered[0].split
+    return (
+        f"no download writes {split}.jsonl for {dataset}; they write {', '.join(written)}: download one "
+        f"and pass its split (e.g. --split {example})"
+    )
 
 
 def _string_list(value: object, path: Path, lineno: int, field: str) -> list[str]:

@@ -21,7 +21,7 @@ traffic and still returns the exact float64 ranking, in the manner of a filter-t
    starts from the k-th best sum among the passages of the query's rarest term rather than from zero.
 
 So the result is the fallback's, bit for bit, while the verified passages are about k plus near-ties. The
-kernel releases the GIL. ``pip install 'ragsuite[fast]'`` (numba) selects it; ``RAGSUITE_BM25_KERNEL=numpy``
+kernel releases the GIL. Installing the ``fast`` extra (numba) selects it; ``RAGSUITE_BM25_KERNEL=numpy``
 forces the fallback.
 """
 
