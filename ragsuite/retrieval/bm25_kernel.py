@@ -52,10 +52,6 @@ def kernel_name() -> str:
     return "numba"
 
 
-#: The compiled kernel marks touched passages by blocks of ``2**BLOCK_BITS``.
-BLOCK_BITS = 6
-
-
 class Workspace:
     """Per-query scratch arrays of corpus length, reused and all zero between queries: the NumPy path's
     float64 scores; the compiled kernel's float32 scores and touched-block flags (each made on first use)."""
@@ -81,6 +77,9 @@ class Workspace:
     @property
     def dirty(self) -> np.ndarray:
         if self._dirty is None:
+            # Only the compiled kernel uses these flags, so numba is already imported (or is about to be).
+            from ragsuite.retrieval.bm25_numba import BLOCK_BITS
+
             self._dirty = np.zeros((self._n >> BLOCK_BITS) + 1, dtype=np.uint8)
         return self._dirty
 

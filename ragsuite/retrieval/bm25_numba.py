@@ -1,6 +1,7 @@
 """The compiled BM25 query kernel (numba), described in :mod:`ragsuite.retrieval.bm25_kernel`.
 
-Imported only when numba is installed. The functions are module-level, so numba's on-disk cache serves every
+Imported only when numba is installed, and only by :mod:`ragsuite.retrieval.bm25_kernel` (never the reverse:
+this module is the lower one). The functions are module-level, so numba's on-disk cache serves every
 later process: jitted closures would be new objects in each process and be compiled again (about 3 s before a
 process's first query).
 """
@@ -10,9 +11,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ragsuite.retrieval.bm25_kernel import BLOCK_BITS
-
 njit = numba.njit(nogil=True, cache=True)
+
+#: Touched passages are marked by blocks of ``2**BLOCK_BITS`` (a compile-time constant of the kernel).
+BLOCK_BITS = 6
 
 
 @njit
