@@ -25,8 +25,8 @@ import ujson
 
 from ragsuite.errors import DataError
 from ragsuite.files import atomic_open
+from ragsuite.passages import Passage
 from ragsuite.paths import data_dir as resolve_data_dir
-from ragsuite.retrieval.base import Passage
 
 Task = Literal["short", "long", "yesno"]
 

@@ -208,7 +208,7 @@ def retrieval_recall(retrieved_ids: Sequence[Any], gold_ids: Iterable[Any], k: i
     """The fraction of distinct gold passage ids among the first ``k`` retrieved ids (0.0 when no gold).
 
     ``k=None`` counts every retrieved id; ``k=0`` (nothing retrieved) scores 0.0. Items may be ids or
-    :class:`~ragsuite.retrieval.base.Passage` objects.
+    :class:`~ragsuite.passages.Passage` objects.
 
     Example:
         >>> retrieval_recall(["p1", "p9", "p2"], ["p1", "p2"], k=2)

@@ -67,7 +67,7 @@ import ujson
 
 from ragsuite.data.datasets import write_jsonl
 from ragsuite.errors import DataError
-from ragsuite.retrieval.base import Passage, passage_id
+from ragsuite.passages import Passage, passage_id
 
 log = logging.getLogger("ragsuite.data.readers")
 
