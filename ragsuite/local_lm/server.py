@@ -337,7 +337,7 @@ class LocalServer:
         process, self.process = self.process, None
         if process is None:
             return
-        from ragsuite.testing.processes import stop_process
+        from ragsuite.processes import stop_process
 
         stop_process(process, timeout=timeout)
 
