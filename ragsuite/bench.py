@@ -298,13 +298,14 @@ def run(
     cells: Sequence[Cell],
     *,
     extra: Sequence[str] = (),
-    run_eval: Callable[[list[str]], int] | None = None,
+    run_eval: Callable[[list[str]], int],
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
 ) -> dict[Cell, int]:
     """Run every cell through ``ragsuite eval`` (resuming what exists); returns each cell's exit code. A
-    failed cell does not stop the others."""
-    if run_eval is None:
-        from ragsuite.cli import main as run_eval
+    failed cell does not stop the others.
+
+    ``run_eval`` runs one ``ragsuite eval`` command line (``ragsuite.cli.main``, which the ``bench`` command
+    passes in): the CLI sits above this module, so it is handed down rather than imported here."""
     codes = {}
     for i, cell in enumerate(cells, start=1):
         where = f"{cell.program} on {cell.dataset} ({cell.lm}, {cell.retriever})"

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ragsuite import bench
+    from ragsuite.cli import main
     from ragsuite.errors import ConfigError
 
     spec = bench.load_spec(args.spec)
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     failed = {}
     if not args.table_only:
-        codes = bench.run(spec, cells, extra=extra)
+        codes = bench.run(spec, cells, extra=extra, run_eval=main)
         failed = {cell: code for cell, code in codes.items() if code != 0}
     print(bench.table(spec, cells, fmt=args.format, with_ci=args.ci))
     left_out = bench.notes(spec, cells)
