@@ -336,7 +336,7 @@ def test_each_program_gets_its_papers_generation_settings_unless_flags_say_other
     """The official DeepNote code generates with max_tokens 1280 and top_p 0.9; others keep 0.1 and 1024."""
     import argparse
 
-    from ragsuite.cli.eval import add_lm_arguments, generation_settings
+    from ragsuite.cli.args import add_lm_arguments, generation_settings
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--program")

@@ -43,8 +43,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _register_build(actions: argparse._SubParsersAction) -> None:
-    from ragsuite.cli.data_args import add_data_arguments
-    from ragsuite.cli.eval import add_lm_arguments
+    from ragsuite.cli.args import add_data_arguments, add_lm_arguments
     from ragsuite.cli.help_text import add_stage_argument
     from ragsuite.retrieval.spec import SPEC_HELP as RETRIEVER_HELP
 
@@ -188,7 +187,7 @@ def available_splits(dataset: str, data_dir: str | None) -> list[str]:
 def training_examples(args: argparse.Namespace) -> list[Any]:
     """``--questions FILE``, else the dataset's ``--split``; a split that is not installed is an error that
     names the installed ones and how to get training questions."""
-    from ragsuite.cli.data_args import examples_from_args
+    from ragsuite.cli.args import examples_from_args
 
     if args.questions is not None or not args.dataset:
         return examples_from_args(args)
@@ -224,7 +223,7 @@ def _top_ks(text: str) -> list[int]:
 
 
 def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from ragsuite.cli.eval import local_options
+    from ragsuite.cli.args import local_options
     from ragsuite.lm import build_lm, check_endpoint, parse_lm_spec, redact
 
     local = local_options(args)
@@ -296,8 +295,7 @@ def _build(args: argparse.Namespace) -> int:
         sample_questions,
     )
     from ragsuite.align.pairs import parse_counts
-    from ragsuite.cli.data_args import answer_style, data_source, show_progress
-    from ragsuite.cli.eval import build_lms, build_program
+    from ragsuite.cli.args import answer_style, build_lms, build_program, data_source, show_progress
     from ragsuite.data.datasets import get_dataset_info
     from ragsuite.evaluation import example_id, git_revision, package_versions
     from ragsuite.lm import set_stage_lms

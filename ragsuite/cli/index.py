@@ -10,7 +10,7 @@ from ragsuite.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ragsuite.cli.data_args import add_data_arguments
+    from ragsuite.cli.args import add_data_arguments
 
     parser = subparsers.add_parser(
         "index",
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.checkpoint or args.index_dir or args.overwrite:
             raise ConfigError("--checkpoint and --index-dir apply to --retriever colbert only")
-        from ragsuite.cli.data_args import retriever_from_args
+        from ragsuite.cli.args import retriever_from_args
 
         retriever = retriever_from_args(args, "bm25", verify=args.verify)
         stats = retriever.index_stats()

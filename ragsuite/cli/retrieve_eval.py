@@ -18,7 +18,7 @@ _BATCH = 64
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ragsuite.cli.data_args import add_data_arguments
+    from ragsuite.cli.args import add_data_arguments
     from ragsuite.retrieval.spec import SPEC_HELP
 
     parser = subparsers.add_parser(
@@ -73,7 +73,7 @@ def evaluate_retrieval(
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsuite.cli.data_args import examples_from_args, retriever_from_args
+    from ragsuite.cli.args import examples_from_args, retriever_from_args
     from ragsuite.data.datasets import get_dataset_info
 
     ks = sorted(set(args.k))

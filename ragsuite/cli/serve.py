@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--startup-timeout", type=float, default=1200.0, help="seconds to wait for the server (default 1200)"
     )
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER, help="extra vllm arguments, after --")
-    from ragsuite.cli.eval import add_local_lm_arguments
+    from ragsuite.cli.args import add_local_lm_arguments
 
     add_local_lm_arguments(parser)
     parser.set_defaults(func=run)

@@ -41,8 +41,7 @@ from ragsuite.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ragsuite.cli.compile import OPTIMIZER_HELP, add_data_arguments
-    from ragsuite.cli.eval import add_lm_arguments
+    from ragsuite.cli.args import OPTIMIZER_HELP, add_lm_arguments, add_training_arguments
 
     parser = subparsers.add_parser(
         "tune",
@@ -51,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=programs_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_data_arguments(parser, train=20, val=50)
+    add_training_arguments(parser, train=20, val=50)
     parser.add_argument("--trials", type=int, required=True, help="total trials in the study")
     parser.add_argument(
         "--objectives",
@@ -89,9 +88,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ragsuite import programs
-    from ragsuite.cli.compile import build_retriever_for, build_teacher, load_splits, program_stages
-    from ragsuite.cli.data_args import answer_style, holdout_metadata, show_progress
-    from ragsuite.cli.eval import build_lms
+    from ragsuite.cli.args import (
+        answer_style,
+        build_lms,
+        build_retriever_for,
+        build_teacher,
+        holdout_metadata,
+        load_splits,
+        program_stages,
+        show_progress,
+    )
     from ragsuite.cli.mlflow_tracking import mlflow_run, require_mlflow
     from ragsuite.files import lock_directory
     from ragsuite.optimizers import save_program, tune
@@ -165,7 +171,7 @@ def _run_params(
     valset: list[Any],
 ) -> dict[str, Any]:
     """The tune's parameters for MLflow (LM endpoints without credentials)."""
-    from ragsuite.cli.data_args import answer_style
+    from ragsuite.cli.args import answer_style
     from ragsuite.cli.mlflow_tracking import lm_params
 
     return {
