@@ -36,7 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ragsuite.errors import ConfigError, RagsuiteError
-from ragsuite.redaction import redact, register_secret, register_url_credentials
+from ragsuite.redaction import (
+    PLACEHOLDER_KEY,
+    redact,
+    register_secret,
+    register_url_credentials,
+    split_url_credentials,
+    strip_credentials,
+)
 
 if TYPE_CHECKING:
     import dspy
@@ -47,8 +54,6 @@ log = logging.getLogger("ragsuite.lm")
 
 DEFAULT_VLLM_BASE = "http://127.0.0.1:8000/v1"
 DEFAULT_VLLM_KEY_ENV = "VLLM_API_KEY"
-#: Sent to keyless local servers: the OpenAI client insists on some key.
-PLACEHOLDER_KEY = "EMPTY"
 SPEC_HELP = (
     "local[:NAME|PATH] (embedded model, no key) | openai/MODEL | openai/NAME with --api-base URL | "
     "vllm:NAME[@URL] | PROVIDER/MODEL"
@@ -184,36 +189,6 @@ def _key_env_for_server(api_key_env: str | None) -> str | None:
     if api_key_env:
         return api_key_env
     return DEFAULT_VLLM_KEY_ENV if os.environ.get(DEFAULT_VLLM_KEY_ENV) else None
-
-
-def strip_credentials(url: str | None) -> str | None:
-    """``url`` without ``user:password@`` and query string (which may carry tokens)."""
-    if not url:
-        return url
-    parsed = urllib.parse.urlparse(url)
-    netloc = parsed.hostname or ""
-    if parsed.port:
-        netloc += f":{parsed.port}"
-    return urllib.parse.urlunparse(parsed._replace(netloc=netloc, query="", fragment=""))
-
-
-def split_url_credentials(url: str) -> tuple[str, str | None]:
-    """``http://user:pass@host/v1`` -> (``http://host/v1``, ``"Basic ..."``): a server behind HTTP basic auth.
-    A URL without credentials comes back unchanged with ``None``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None:
-        return url, None
-    import base64
-
-    register_url_credentials(url)  # the password and its token are hidden from every message from now on
-
-    user = urllib.parse.unquote(parts.username)
-    password = urllib.parse.unquote(parts.password or "")
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), f"Basic {token}"
 
 
 def resolve_key(spec: LMSpec) -> str | None:

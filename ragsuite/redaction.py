@@ -16,6 +16,10 @@ What :func:`redact` replaces with ``***``:
 :func:`install_log_redaction` applies the same to every log record of the process; the MLflow integration
 applies it to every trace span (:mod:`ragsuite.cli.mlflow_tracking`).
 
+:func:`strip_credentials` and :func:`split_url_credentials` take a URL's credentials out of its address (a
+server behind HTTP basic auth gets them as a header), for the LM factory (:mod:`ragsuite.lm`) and its
+replicas (:mod:`ragsuite.lm_replicas`) alike.
+
 Example:
     >>> register_url_credentials("http://alice:p@ss-w0rd@gpu:8000/v1")
     >>> redact("GET http://alice:p@ss-w0rd@gpu:8000/v1 failed; Authorization: Basic YWxpY2U6cEBzcy13MHJk")
@@ -39,8 +43,10 @@ REDACTED = "***"
 _SECRET_NAME = re.compile(r"(API_KEY|APIKEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
 # Shorter values are too likely to occur in ordinary text to be replaced everywhere.
 _MIN_SECRET_CHARS = 6
+#: Sent to keyless local servers as the key: the OpenAI client insists on some key.
+PLACEHOLDER_KEY = "EMPTY"
 # Placeholders sent to keyless servers: not secrets, and too common to replace.
-_NOT_SECRETS = frozenset({"EMPTY", "unused", "placeholder"})
+_NOT_SECRETS = frozenset({PLACEHOLDER_KEY, "unused", "placeholder"})
 # user:password@ in a URL; greedy up to the authority's last "@", since a password may contain "@".
 # A scheme starts where no scheme character precedes: else a long word is rescanned from every letter.
 _URL_CREDENTIALS = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/?#\"<>]*)@", re.IGNORECASE)
@@ -89,6 +95,34 @@ def register_url_credentials(url: str | None) -> None:
     """Redact the password, ``user:password`` and basic-auth token of ``url`` wherever they appear."""
     for form in credential_forms(url or ""):
         register_secret(form)
+
+
+def strip_credentials(url: str | None) -> str | None:
+    """``url`` without ``user:password@`` and query string (which may carry tokens)."""
+    if not url:
+        return url
+    parsed = urllib.parse.urlparse(url)
+    netloc = parsed.hostname or ""
+    if parsed.port:
+        netloc += f":{parsed.port}"
+    return urllib.parse.urlunparse(parsed._replace(netloc=netloc, query="", fragment=""))
+
+
+def split_url_credentials(url: str) -> tuple[str, str | None]:
+    """``http://user:pass@host/v1`` -> (``http://host/v1``, ``"Basic ..."``): a server behind HTTP basic auth.
+    A URL without credentials comes back unchanged with ``None``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, None
+    register_url_credentials(url)  # the password and its token are hidden from every message from now on
+
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password or "")
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), f"Basic {token}"
 
 
 def _environment_secrets() -> set[str]:
@@ -222,6 +256,7 @@ def install_log_redaction() -> None:
 
 
 __all__ = [
+    "PLACEHOLDER_KEY",
     "REDACTED",
     "credential_forms",
     "hide_url_passwords",
@@ -231,4 +266,6 @@ __all__ = [
     "register_secret",
     "register_url_credentials",
     "secret_values",
+    "split_url_credentials",
+    "strip_credentials",
 ]
