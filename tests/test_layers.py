@@ -237,6 +237,15 @@ def test_cli_commands_take_shared_flags_from_cli_args() -> None:
     }
 
 
+def test_the_stage_kinds_the_base_names_are_the_stage_classes() -> None:
+    """The program base names the stage kinds without importing the stages module above it."""
+    from ragsuite.programs.base import STAGE_KINDS
+    from ragsuite.programs.stages import STAGE_TYPES, BlendStage, FilterStage
+
+    assert STAGE_TYPES == {"filter": FilterStage, "blend": BlendStage}
+    assert tuple(STAGE_TYPES) == STAGE_KINDS
+
+
 # ---------------------------------------------------------------------------------- the checker's own test
 def write_package(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():

@@ -32,6 +32,10 @@ DEFAULT_GENERATION: dict[str, float | int] = {"temperature": 0.1, "max_tokens": 
 #: Questions longer than this are refused: no retriever or prompt budget is meant for them.
 MAX_QUESTION_CHARS = 8000
 
+#: The kinds of stage a program can be composed with, by constructor argument, in ``--stage`` order (the
+#: classes are :data:`ragsuite.programs.stages.STAGE_TYPES`, a module above this one).
+STAGE_KINDS = ("filter", "blend")
+
 
 class RunLedger:
     """Bookkeeping for one ``forward`` call. Thread-safe, so concurrent sub-chains can share it.
@@ -154,10 +158,8 @@ class RAGProgram(dspy.Module):
         """The optional stages this program's constructor takes (``filter``, ``blend``)."""
         import inspect
 
-        from ragsuite.programs.stages import STAGE_TYPES
-
         params = inspect.signature(cls.__init__).parameters
-        return tuple(kind for kind in STAGE_TYPES if kind in params)
+        return tuple(kind for kind in STAGE_KINDS if kind in params)
 
     def stages(self) -> dict[str, dict[str, Any]]:
         """The stages this program was composed with, as settings that rebuild them."""

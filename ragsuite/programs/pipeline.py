@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError
@@ -19,9 +19,6 @@ from ragsuite.aio import invoke, run_sync
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger
 from ragsuite.retrieval.base import Passage
-
-if TYPE_CHECKING:
-    from ragsuite.programs.stages import BlendStage, FilterStage
 
 logger = logging.getLogger("ragsuite.programs.pipeline")
 
@@ -223,12 +220,16 @@ async def agather(
     question: str,
     k: int,
     *,
-    filter: FilterStage | None = None,
-    blend: BlendStage | None = None,
+    filter: dspy.Module | None = None,
+    blend: dspy.Module | None = None,
 ) -> list[Passage]:
     """Retrieve ``k`` passages for ``question``; with ``blend``, also ``k`` for each extra query it proposes
     (given the question's passages); with ``filter``, keep what it keeps of each non-empty retrieved set;
-    return the union, first occurrence wins. Retrievals, blending and filtering are all traced."""
+    return the union, first occurrence wins. Retrievals, blending and filtering are all traced.
+
+    ``filter`` and ``blend`` are a :class:`~ragsuite.programs.stages.FilterStage` and a
+    :class:`~ragsuite.programs.stages.BlendStage` (named, not imported: the stages module builds on this
+    one)."""
     retrieved = [await aretrieve_recorded(program, ledger, question, k)]
     if blend is not None:
         for query in await invoke(blend, program, ledger, question, retrieved[0]):
@@ -248,8 +249,8 @@ def gather(
     question: str,
     k: int,
     *,
-    filter: FilterStage | None = None,
-    blend: BlendStage | None = None,
+    filter: dspy.Module | None = None,
+    blend: dspy.Module | None = None,
 ) -> list[Passage]:
     """:func:`agather`, synchronously."""
     return run_sync(agather(program, ledger, question, k, filter=filter, blend=blend))

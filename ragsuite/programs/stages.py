@@ -32,7 +32,7 @@ import dspy
 
 from ragsuite.aio import concurrently, run_sync
 from ragsuite.errors import ConfigError
-from ragsuite.programs.base import RAGProgram, RunLedger
+from ragsuite.programs.base import STAGE_KINDS, RAGProgram, RunLedger
 from ragsuite.programs.pipeline import DecisionMode, check_decisions, check_threshold, decision_predictor
 from ragsuite.retrieval.base import Passage, Retriever, query_token_limit
 from ragsuite.signatures.answer import format_passages
@@ -367,8 +367,9 @@ class BlendStage(dspy.Module):
         return [query for _, query in generated]
 
 
-#: The stages a program can be composed with, by constructor argument.
-STAGE_TYPES: dict[str, type[dspy.Module]] = {"filter": FilterStage, "blend": BlendStage}
+#: The stages a program can be composed with, by constructor argument (the kinds are
+#: :data:`~ragsuite.programs.base.STAGE_KINDS`).
+STAGE_TYPES: dict[str, type[dspy.Module]] = dict(zip(STAGE_KINDS, (FilterStage, BlendStage), strict=True))
 #: The setting ``--stage KIND=VALUE`` chooses for each kind.
 _STAGE_MODE = {"filter": "mode", "blend": "which"}
 
