@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
 #: Inside a part, modules that must stay below others of the same part: (lower, higher). The lower module
 #: may not import the higher one, even inside a function.
 WITHIN: list[tuple[str, str]] = [
+    ("ragsuite.programs.program_format", "ragsuite.programs.base"),
     ("ragsuite.programs.base", "ragsuite.programs.program_file"),
     ("ragsuite.programs.stages", "ragsuite.programs.program_file"),
     ("ragsuite.programs.pipeline", "ragsuite.programs.program_file"),

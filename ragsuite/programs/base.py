@@ -235,7 +235,7 @@ class RAGProgram(dspy.Module):
                 "ragsuite programs are saved as a JSON program file, not a cloudpickle directory: call "
                 "program.save(path) and load it with ragsuite.load(path)"
             )
-        from ragsuite.programs.program_file import save_program as write_program_file
+        from ragsuite.programs.program_format import save_program as write_program_file
 
         write_program_file(self, path, metadata=metadata)
 
@@ -253,7 +253,7 @@ class RAGProgram(dspy.Module):
                 "ragsuite program files hold no pickles and no LM state; call program.load(path) without "
                 "allow_pickle/allow_unsafe_lm_state, or ragsuite.load(path)"
             )
-        from ragsuite.programs.program_file import load_state_file
+        from ragsuite.programs.program_format import load_state_file
 
         return load_state_file(self, path)
 
