@@ -69,6 +69,7 @@ from dspy.clients.engines.litellm_errors import litellm_errors
 from dspy.clients.lm15_boundary import request_kwargs, response_value
 
 from ragsuite.lm_client import DEFAULT_MAX_RETRY_WAIT, EndpointLM
+from ragsuite.redaction import PLACEHOLDER_KEY, split_url_credentials, strip_credentials
 
 #: How the Router picks a replica (see the module docstring for why not LiteLLM's default).
 ROUTING_STRATEGY = "least-busy"
@@ -83,8 +84,6 @@ PROBE_TIMEOUT = 2.0
 
 
 def _public(url: str) -> str:
-    from ragsuite.lm import strip_credentials
-
     return strip_credentials(url) or url
 
 
@@ -114,8 +113,6 @@ def _make_router(
     model: str, replicas: Sequence[str], *, api_key: str | None, timeout: float, cooldown: float
 ) -> Any:
     import litellm
-
-    from ragsuite.lm import split_url_credentials
 
     deployments = []
     for url in replicas:
@@ -267,8 +264,6 @@ class AsyncRouterEngine(_RouterEngineState):
 def _engines_from_state(state: dict[str, Any]) -> tuple[RouterEngine, AsyncRouterEngine]:
     """Engines rebuilt from saved state; the key is read from the environment again."""
     import os
-
-    from ragsuite.lm import PLACEHOLDER_KEY
 
     key_env = state.get("key_env")
     key = os.environ.get(key_env) if key_env else PLACEHOLDER_KEY
