@@ -31,7 +31,7 @@ from ragsuite.testing.processes import stop_process
 
 pytestmark = [pytest.mark.real_lm, pytest.mark.slow]
 
-MAX_TOKENS = "160"
+MAX_TOKENS = "128"
 
 
 def _model_installed() -> str | None:
@@ -175,7 +175,6 @@ PROGRAMS = [
     ("deepnote-no-adaptive", "hotpotqa"),
     ("deepnote-no-adaptive-no-note", "hotpotqa"),
     ("hanrag", "hotpotqa"),
-    ("hanrag-oracle", "nq"),
     ("blendfilter", "hotpotqa"),
     ("diverse-rerank", "hotpotqa"),
     ("ircot", "hotpotqa"),
@@ -186,24 +185,23 @@ PROGRAMS = [
     ("flare-instruct", "asqa"),
     ("flare-direct", "asqa"),
     ("self-rag-prompted", "hotpotqa"),
-    ("deepnote", "asqa"),
-    ("deepnote", "strategyqa"),
+    ("vanilla", "asqa"),
+    ("vanilla", "strategyqa"),
 ]
 
 
 #: Fewer steps and passages than the papers' defaults, so that the whole matrix fits CI's time on 2 cores;
 #: every stage of each program still runs.
 BOUNDED = {
-    "deepnote": ["max_step=1", "top_k=3"],
-    "adaptive-note": ["max_step=1", "top_k=3"],
-    "deepnote-no-adaptive": ["top_k=3"],
-    "hanrag": ["max_hops=2", "top_k=5"],
-    "hanrag-oracle": ["max_hops=2", "top_k=5"],
-    "blendfilter": ["top_k=3"],
-    "diverse-rerank": ["pool_k=10", "n=5"],
+    "deepnote": ["max_step=1", "top_k=2"],
+    "adaptive-note": ["max_step=1", "top_k=2"],
+    "deepnote-no-adaptive": ["top_k=2"],
+    "hanrag": ["max_hops=1", "top_k=3", "keep=2"],
+    "blendfilter": ["top_k=2"],
+    "diverse-rerank": ["pool_k=6", "n=3", "declare_top=3"],
     "ircot": ["max_steps=2"],
-    "con": ["top_k=3"],
-    "rat": ["max_thoughts=2"],
+    "con": ["top_k=2"],
+    "rat": ["max_thoughts=2", "top_k=2"],
     "react": ["max_iters=3"],
     "flare-instruct": ["max_steps=2"],
     "flare-direct": ["max_steps=2"],
@@ -254,14 +252,17 @@ def test_every_hanrag_route_completes_with_the_real_model(server: Any, route: st
     from ragsuite.retrieval.spec import build_retriever
 
     example = load_dataset("hotpotqa", split="dev")[0]
-    program = programs.get("hanrag")(retriever=build_retriever("bm25:hotpotqa"), max_hops=2)
+    retriever = build_retriever("bm25:hotpotqa")
+    program = programs.get("hanrag")(retriever=retriever, max_hops=1, top_k=3, keep=2)
     lm = build_lm("local", api_base=server.api_base, max_tokens=int(MAX_TOKENS), cache=False)
     with dspy.context(lm=lm):
         ledger = program.start(example.question)
         prediction = asyncio.run(program._run_route(ledger, example.question, route))
     assert prediction.route == route
     assert isinstance(prediction.answer, str)
-    assert prediction.stats["input_tokens"] > 0
+    assert prediction.stats["lm_calls"] == sum(prediction.stage_calls.values()) >= 1
+    # The straightforward route answers from the LM alone; every other route retrieves.
+    assert (prediction.stats["retrievals"] == 0) == (route == "straightforward")
 
 
 def test_a_run_killed_midway_resumes_without_losing_or_repeating_a_question(
