@@ -302,3 +302,19 @@ def test_serve_local_starts_a_server_other_commands_reuse_and_ctrl_c_stops_it(
             urllib.request.urlopen(f"{api_base}/models", timeout=5)  # the server went with it
     finally:
         stop_process(process)
+
+
+def test_the_build_finds_cmake_beside_this_python_when_the_venv_is_not_activated(tmp_path, monkeypatch):
+    import stat
+
+    from ragsuite.local_lm import build
+
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    cmake = venv_bin / "cmake"
+    cmake.write_text("#!/bin/sh\n")
+    cmake.chmod(cmake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(build.sys, "executable", str(venv_bin / "python"))
+    assert build.find_tool("cmake") == str(cmake)
+    assert build.find_tool("no-such-tool") is None

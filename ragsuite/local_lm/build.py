@@ -75,7 +75,7 @@ def build_llama_server(*, jobs: int | None = None, say: Callable[[str], None] = 
     if existing is not None:
         say(f"llama-server is already built: {existing}")
         return existing
-    cmake = shutil.which("cmake")
+    cmake = find_tool("cmake")
     if cmake is None:
         raise ConfigError("building llama-server needs cmake: `apt-get install cmake` or `pip install cmake`")
     if not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")):
@@ -106,6 +106,12 @@ def build_llama_server(*, jobs: int | None = None, say: Callable[[str], None] = 
         os.replace(work / "install", target)  # whole or not at all: a half-built binary is never found
     say(f"built {target / 'bin' / 'llama-server'}")
     return target / "bin" / "llama-server"
+
+
+def find_tool(name: str) -> str | None:
+    """``name`` on PATH, or beside this Python (a virtual environment's ``bin``, where the ``local`` extra's
+    cmake wheel puts ``cmake`` even when the environment is not activated)."""
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
 
 
 def _cpu_flags() -> list[str]:
