@@ -153,9 +153,9 @@ def replay(server: Any, history: list[dict[str, Any]], clients: int) -> tuple[fl
     url = f"{server.api_base}/chat/completions"
 
     def send(entry: dict[str, Any]) -> int:
-        kwargs = {
-            k: v for k, v in entry["kwargs"].items() if k in ("temperature", "max_tokens", "top_p", "seed")
-        }
+        # The run's own sampling settings (DSPy sends max_completion_tokens), so both complete alike.
+        sampling = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "stop")
+        kwargs = {k: v for k, v in entry["kwargs"].items() if k in sampling}
         body = json.dumps({"model": server.served_name, "messages": entry["messages"], **kwargs}).encode()
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as reply:
@@ -193,6 +193,9 @@ def overhead(args: argparse.Namespace) -> int:
                 run_s = time.perf_counter() - started
                 history = list(lm.history)
                 run_tokens = sum(int((h.get("usage") or {}).get("completion_tokens") or 0) for h in history)
+                # A fresh server for the replay: the run's prompts must not be waiting in its prompt cache.
+                server.stop()
+                server = start_server(args, parallel=slots)
                 replay_s, replay_tokens = replay(server, history, slots)
                 cells = [slots, name, len(examples), len(history), f"{run_s:.1f}", f"{replay_s:.1f}"]
                 cells += [f"{run_s / replay_s:.3f}", f"{run_tokens}/{replay_tokens}"]
