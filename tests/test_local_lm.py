@@ -260,7 +260,13 @@ def test_a_prompt_longer_than_the_window_is_refused_with_the_flag_to_raise_and_t
         "2",
     ]
     # The stand-in counts words as tokens; 256 is too few for the prompt with its passages.
-    code = main([*command, "--local-ctx", "256", "--no-cache", "--no-progress", "--out", str(out)])
+    from ragsuite.local_lm import server as local_servers
+
+    try:
+        code = main([*command, "--local-ctx", "256", "--no-cache", "--no-progress", "--out", str(out)])
+        assert not local_servers._servers  # the command stopped the server it started
+    finally:
+        local_servers.stop_shared_servers()
     assert code == 1
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len(records) == 2  # every question recorded: the run went on

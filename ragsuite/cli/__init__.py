@@ -123,6 +123,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RagsuiteError as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
+    finally:
+        # The local LM servers this command started (--lm local) end with it, also when main() is called
+        # in-process; a command that never used the local LM never imported the module.
+        local_servers = sys.modules.get("ragsuite.local_lm.server")
+        if local_servers is not None:
+            local_servers.stop_shared_servers()
 
 
 if __name__ == "__main__":
