@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -228,11 +229,21 @@ _MAX_STRING = 1 << 24  # a chat template is a few KB; anything near this means a
 
 def read_gguf_metadata(path: Path) -> dict[str, object]:
     """The scalar and string key-value pairs of a GGUF file's header (arrays such as the vocabulary are
-    skipped, not read into memory).
+    skipped, not read into memory). Memoized per file version: a command resolves its model more than once,
+    and walking a 150k-word vocabulary takes a good part of a second.
 
     Raises:
         ModelFileError: not a GGUF file, or a truncated or corrupt header.
     """
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise ModelFileError(f"cannot read the model file {path}: {exc}") from None
+    return dict(_read_gguf_metadata(path.resolve(), info.st_size, info.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=16)
+def _read_gguf_metadata(path: Path, size: int, mtime_ns: int) -> dict[str, object]:
     try:
         with path.open("rb") as file:
             if file.read(4) != b"GGUF":
