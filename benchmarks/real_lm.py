@@ -39,7 +39,12 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 DEFAULT_DATA = ROOT / "tests" / "fixtures" / "data"
+BASELINES = ("no-retrieval", "vanilla")
 TABLE_PROGRAMS = ("no-retrieval", "vanilla", "deepnote", "adaptive-note", "hanrag", "blendfilter")
+REQUEST_PARAMETERS = frozenset({
+    "temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "stop", "response_format",
+    "logprobs", "top_logprobs", "n", "presence_penalty", "frequency_penalty",
+})  # fmt: skip
 TABLE_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "nq", "strategyqa", "asqa")
 
 
@@ -55,13 +60,13 @@ def start_server(args: argparse.Namespace, parallel: int) -> Any:
 
 
 def run_eval(
-    server: Any, program: str, dataset: str, out: Path, args: argparse.Namespace, threads: int
+    server: Any, program: str, dataset: str, out: Path, args: argparse.Namespace, *, threads: int, limit: int
 ) -> dict:
     from ragsuite.cli import main
 
     code = main([
         "eval", "--program", program, "--dataset", dataset, "--data-dir", str(args.data_dir),
-        "--lm", "local", "--api-base", server.api_base, "--limit", str(args.questions),
+        "--lm", "local", "--api-base", server.api_base, "--limit", str(limit),
         "--threads", str(threads), "--no-cache", "--no-progress", "--out", str(out),
         *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
     ])  # fmt: skip
@@ -84,7 +89,7 @@ def table(args: argparse.Namespace) -> int:
     from ragsuite.data.datasets import get_dataset_info
     from ragsuite.stats import bootstrap_ci
 
-    server = start_server(args, parallel=1)
+    server = start_server(args, parallel=args.slots)
     rows = []
     try:
         with tempfile.TemporaryDirectory() as scratch:
@@ -92,7 +97,9 @@ def table(args: argparse.Namespace) -> int:
                 metric = get_dataset_info(dataset).primary_metric
                 for program in args.programs:
                     started = time.perf_counter()
-                    run = run_eval(server, program, dataset, Path(scratch) / f"{dataset}-{program}", args, 1)
+                    limit = args.baseline_questions if program in BASELINES else args.questions
+                    out = Path(scratch) / f"{dataset}-{program}"
+                    run = run_eval(server, program, dataset, out, args, threads=args.slots, limit=limit)
                     wall = time.perf_counter() - started
                     scored = [r for r in run["records"] if not r.get("error")]
                     values = [float(r["metrics"][metric]) for r in scored]
@@ -153,9 +160,9 @@ def replay(server: Any, history: list[dict[str, Any]], clients: int) -> tuple[fl
     url = f"{server.api_base}/chat/completions"
 
     def send(entry: dict[str, Any]) -> int:
-        # The run's own sampling settings (DSPy sends max_completion_tokens), so both complete alike.
-        sampling = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "stop")
-        kwargs = {k: v for k, v in entry["kwargs"].items() if k in sampling}
+        # The run's own request parameters, so both complete alike: sampling, and the response format that
+        # DSPy's JSON-adapter retries ask for (without it a retry is a different, usually longer, request).
+        kwargs = {k: v for k, v in entry["kwargs"].items() if k in REQUEST_PARAMETERS}
         body = json.dumps({"model": server.served_name, "messages": entry["messages"], **kwargs}).encode()
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as reply:
@@ -218,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     t = sub.choices["table"]
     t.add_argument("--questions", type=int, default=3, help="first N dev questions per dataset (default 3)")
+    t.add_argument(
+        "--baseline-questions", type=int, default=None,
+        help="first N dev questions for no-retrieval and vanilla, one call each (default --questions)",
+    )  # fmt: skip
+    t.add_argument(
+        "--slots", type=int, default=1,
+        help="server slots (--local-parallel), one thread each, and questions run at once (default 1)",
+    )  # fmt: skip
     t.add_argument("--datasets", nargs="+", default=list(TABLE_DATASETS))
     t.add_argument("--programs", nargs="+", default=list(TABLE_PROGRAMS))
     t.add_argument("--json", help="also write the rows to this file")
@@ -227,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--programs", nargs="+", default=["vanilla", "deepnote"])
     o.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4])
     args = parser.parse_args(argv)
+    if args.command == "table" and args.baseline_questions is None:
+        args.baseline_questions = args.questions
     return table(args) if args.command == "table" else overhead(args)
 
 

@@ -210,6 +210,12 @@ def resolve_key(spec: LMSpec) -> str | None:
     return value
 
 
+DEFAULT_TIMEOUT = 120.0
+# A CPU generates a few tokens a second: a 1,024-token reply after a long prompt takes minutes, and a timed
+# out attempt would be retried from the start.
+LOCAL_TIMEOUT = 1800.0
+
+
 def build_lm(
     spec: str,
     *,
@@ -217,7 +223,7 @@ def build_lm(
     api_key_env: str | None = None,
     temperature: float = 0.1,
     max_tokens: int = 1024,
-    timeout: float = 120.0,
+    timeout: float | None = None,
     retries: int = 4,
     cache: bool = True,
     seed: int | None = None,
@@ -241,7 +247,8 @@ def build_lm(
             ``VLLM_API_KEY`` if set for a server, else a placeholder).
         temperature: Sampling temperature (0.1, as in the papers).
         max_tokens: Completion budget per call.
-        timeout: Seconds to wait for a reply before the attempt fails (and is retried).
+        timeout: Seconds to wait for a reply before the attempt fails (and is retried); None: 120 s, or
+            1,800 s for the local LM, whose replies on a CPU can take minutes (a retry would start over).
         retries: Retries after the first attempt.
         cache: Use DSPy's response cache (entries are kept per endpoint; a hit still reports its tokens).
         seed: Sampling seed sent with each request (OpenAI and vLLM honour it).
@@ -264,12 +271,14 @@ def build_lm(
 
     if retries < 0:
         raise ConfigError("retries must be >= 0")
-    if timeout <= 0:
+    if timeout is not None and timeout <= 0:
         raise ConfigError("timeout must be > 0 seconds")
     if max_retry_wait < 0:
         raise ConfigError("max_retry_wait must be >= 0 seconds")
     parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env, local_options=local_options)
     key = resolve_key(parsed)
+    if timeout is None:
+        timeout = LOCAL_TIMEOUT if parsed.local is not None else DEFAULT_TIMEOUT
     kwargs: dict[str, Any] = {}
     if seed is not None:
         kwargs["seed"] = seed

@@ -1,6 +1,6 @@
-"""Child processes (the local LM server, and those tests and benchmarks start), always stopped: SIGINT first
-(the process's Ctrl-C path, so it can write its summary and stop its own children), then SIGKILL when it has
-not exited in time.
+"""Child processes (model servers, and those tests and benchmarks start): started so they never outlive us,
+waited on until they serve, and always stopped: SIGINT first (the process's Ctrl-C path, so it can write its
+summary and stop its own children), then SIGKILL when it has not exited in time.
 
 Example:
     >>> with running([sys.executable, "-m", "ragsuite", "serve-retriever", "--corpus", "c.jsonl"]) as proc:
@@ -10,24 +10,94 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
+import os
 import signal
 import subprocess
-from collections.abc import Iterator, Sequence
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 
-def stop_process(process: subprocess.Popen[Any], *, timeout: float = 10.0) -> int:
-    """Stop ``process`` (SIGINT, then SIGKILL after ``timeout`` seconds) and return its exit code. A process
-    that has already exited is left alone."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGINT)
+class ProcessExitedError(RuntimeError):
+    """The process exited before it served; ``code`` is its exit status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exited with code {code}")
+        self.code = code
+
+
+def stop_with_parent() -> None:
+    """In the child before exec (``preexec_fn``): ask Linux to send SIGTERM when the parent dies, so a killed
+    run leaves no server behind holding memory, cores or GPUs."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def served_models(url: str, *, timeout: float = 5.0) -> list[str] | None:
+    """The model ids an OpenAI-compatible server lists at ``url`` (``.../v1/models``); None while it does not
+    answer; ``[]`` when it answers 401/403 (it was started with a key, so it is up but will not list)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            payload = json.loads(reply.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return [] if exc.code in (401, 403) else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    data = payload.get("data") if isinstance(payload, dict) else None
+    return [str(m.get("id")) for m in data or [] if isinstance(m, dict)]
+
+
+def wait_until_serving(
+    process: subprocess.Popen[Any],
+    url: str,
+    *,
+    timeout: float,
+    ready: Callable[[list[str]], bool] = lambda served: True,
+    interval: float = 0.25,
+) -> list[str]:
+    """Poll ``url`` (``.../v1/models``) until the listed model ids satisfy ``ready``; return them.
+
+    Raises:
+        ProcessExitedError: the process exited first.
+        TimeoutError: ``timeout`` seconds passed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        code = process.poll()
+        if code is not None:
+            raise ProcessExitedError(code)
+        served = served_models(url)
+        if served is not None and ready(served):
+            return served
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not serve within {timeout:g} s")
+        # Waiting on the process doubles as the poll interval: an exit is seen at once.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=interval)
+
+
+def stop_process(process: subprocess.Popen[Any], *, timeout: float = 10.0, group: bool = False) -> int:
+    """Stop ``process`` and return its exit code: SIGINT, then SIGKILL after ``timeout`` seconds. With
+    ``group`` the signals go to its whole process group (a server started with ``start_new_session``, and
+    its workers), with a SIGTERM step between. A process that has already exited is left alone."""
+    steps = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL) if group else (signal.SIGINT, signal.SIGKILL)
+    for sig in steps:
+        if process.poll() is not None:
+            break
         try:
+            if group:
+                os.killpg(process.pid, sig)
+            else:
+                process.send_signal(sig)
+        except ProcessLookupError:
+            break
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=timeout)
-    return process.returncode
+    return process.wait()
 
 
 @contextlib.contextmanager
@@ -41,4 +111,11 @@ def running(args: Sequence[str], *, timeout: float = 10.0, **popen: Any) -> Iter
         stop_process(process, timeout=timeout)
 
 
-__all__ = ["running", "stop_process"]
+__all__ = [
+    "ProcessExitedError",
+    "running",
+    "served_models",
+    "stop_process",
+    "stop_with_parent",
+    "wait_until_serving",
+]

@@ -128,12 +128,12 @@ def test_settings_come_from_the_model_and_the_machine(tmp_path: Path, cache: Pat
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf', context_length=32768)}")
     monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 5)
     settings = plan_settings(model, parallel=2)
-    assert (settings.ctx, settings.threads, settings.parallel) == (
-        8192,
-        2,
-        2,
-    )  # capped; a core for the client
-    assert plan_settings(model, parallel=8).threads == 1  # never below one thread per slot
+    # The context is capped; the server's threads (all its slots decode together in one batch on them) are
+    # the usable cores less one, left to the client, whatever the number of slots.
+    assert (settings.ctx, settings.threads, settings.parallel) == (8192, 4, 2)
+    assert plan_settings(model, parallel=8).threads == 4
+    monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 1)
+    assert plan_settings(model).threads == 1  # never below one thread
     small = resolve_model(f"local:{tiny_model(tmp_path / 's.gguf', context_length=2048)}")
     assert plan_settings(small).ctx == 2048
     with pytest.raises(ConfigError, match="larger than the 2,048 tokens"):
@@ -160,7 +160,7 @@ def test_the_transformers_engine_without_the_extra_names_the_install_command(
 def test_the_server_starts_serves_its_model_and_stops(tmp_path: Path, cache: Path) -> None:
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf')}")
     executable = fake_llama_server(tmp_path)
-    server = LocalServer(model, engine="llama.cpp", llama_server=executable, parallel=2, threads=1)
+    server = LocalServer(model, engine="llama.cpp", llama_server=executable, parallel=2, threads=3)
     with server:
         process = server.process
         assert process is not None and process.poll() is None
@@ -169,6 +169,8 @@ def test_the_server_starts_serves_its_model_and_stops(tmp_path: Path, cache: Pat
         command = server.command()
         assert command[command.index("--ctx-size") + 1] == str(2 * 8192)  # llama-server splits it per slot
         assert command[command.index("--parallel") + 1] == "2"
+        # The server's threads, not a slot's: llama-server decodes its busy slots together on all of them.
+        assert command[command.index("--threads") + 1] == command[command.index("--threads-batch") + 1] == "3"
         assert server.host == "127.0.0.1"
     assert process.poll() is not None  # stopped when the block ended
 
@@ -203,6 +205,12 @@ def test_lm_local_talks_to_the_server_and_records_the_model_not_the_port(
         assert public["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
         assert public["api_base"] is None and str(parsed.api_base).split(":")[-1] not in json.dumps(public)
         assert lm.cache_scope == f"local:{public['sha256']}:llama.cpp"
+        # A CPU reply can take minutes: the local LM waits 1,800 s by default, a remote one 120 s, and a
+        # timeout given is kept.
+        assert lm.kwargs["timeout"] == 1800.0
+        assert build_lm(f"local:{path}", local_options={"engine": "auto"}, timeout=30).kwargs["timeout"] == 30
+        remote = build_lm("openai/m", api_base="http://127.0.0.1:9/v1", cache=False)
+        assert remote.kwargs["timeout"] == 120.0
 
         class QA(dspy.Signature):
             question: str = dspy.InputField()

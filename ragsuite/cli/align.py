@@ -244,7 +244,7 @@ def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         max_retry_wait=args.max_retry_wait,
         local_options=local,
     )
-    check_endpoint(parsed, timeout=min(args.timeout, 10.0))
+    check_endpoint(parsed, timeout=min(args.timeout or 10.0, 10.0))
     public = {
         "spec": redact(args.judge_lm),
         **parsed.public(),

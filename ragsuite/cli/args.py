@@ -400,7 +400,12 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--top-p", type=float, default=None, help="nucleus sampling (default: the program's; DeepNote 0.9)"
     )
-    group.add_argument("--timeout", type=float, default=120.0, help="seconds per LM request before retrying")
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per LM request before retrying (default 120; 1800 for --lm local, slow on a CPU)",
+    )
     group.add_argument(
         "--retries", type=int, default=4, help="retries on 429/5xx/timeouts, exponential backoff (default 4)"
     )
@@ -454,7 +459,7 @@ def add_local_lm_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads per request (default: the usable cores shared among the slots)",
+        help="CPU threads of the local server, shared by its slots (default: the usable cores less one)",
     )
 
 
@@ -508,7 +513,7 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
         lm = build_lm(spec, api_base=api_base, api_key_env=args.api_key_env, local_options=local, **options)
         key = f"{parsed.model}@{','.join(parsed.servers)}"
         if key not in checked:  # fail before the run starts, not once per example
-            check_endpoint(parsed, timeout=min(args.timeout, 10.0))
+            check_endpoint(parsed, timeout=min(args.timeout or 10.0, 10.0))
             checked.add(key)
         return lm, {"spec": redact(spec), **parsed.public()}  # a spec's URL may carry user:password
 

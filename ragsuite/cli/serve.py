@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -30,12 +29,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from ragsuite.errors import ConfigError, MissingExtraError, RagsuiteError
-from ragsuite.local_lm.server import stop_with_parent
+from ragsuite.processes import ProcessExitedError, stop_process, stop_with_parent, wait_until_serving
 
 log = logging.getLogger("ragsuite.cli.serve")
 
@@ -130,48 +127,24 @@ def vllm_command(args: argparse.Namespace, executable: str, *, port: int | None 
     return command + extra
 
 
-def wait_until_ready(
-    process: subprocess.Popen[Any], url: str, *, timeout: float, interval: float = 0.5
-) -> list[str]:
-    """Poll ``url`` (``/v1/models``) until it answers 200; return the served model ids.
+def wait_until_ready(process: subprocess.Popen[Any], url: str, *, timeout: float) -> list[str]:
+    """Wait until vLLM answers ``url`` (``/v1/models``); return the served model ids.
 
     Raises:
         ServerStartError: the process exited first, or ``timeout`` passed.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        code = process.poll()
-        if code is not None:
-            raise ServerStartError(f"vllm exited with code {code} before serving; see its output above")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as reply:
-                if reply.status == 200:
-                    payload = json.loads(reply.read() or b"{}")
-                    return [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)]
-        except urllib.error.HTTPError as exc:
-            if exc.code in (401, 403):  # started with --api-key: up, but the listing needs the key
-                return []
-        except (urllib.error.URLError, OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise ServerStartError(f"vllm did not answer {url} within {timeout:.0f} s")
-        time.sleep(interval)
+    try:
+        return wait_until_serving(process, url, timeout=timeout, interval=0.5)
+    except ProcessExitedError as exc:
+        message = f"vllm exited with code {exc.code} before serving; see its output above"
+        raise ServerStartError(message) from None
+    except TimeoutError:
+        raise ServerStartError(f"vllm did not answer {url} within {timeout:.0f} s") from None
 
 
 def stop(process: subprocess.Popen[Any], *, grace: float = 20.0) -> int:
-    """Stop the server's whole process group: SIGINT, then SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        if process.poll() is not None:
-            break
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-    return process.wait()
+    """Stop the server's whole process group: SIGINT, then SIGTERM, then SIGKILL, ``grace`` seconds apart."""
+    return stop_process(process, timeout=grace, group=True)
 
 
 def replica_devices(replicas: int, per_replica: int, visible: str | None) -> list[str]:

@@ -16,9 +16,10 @@ talks to vLLM:
 ``auto`` takes llama.cpp when a ``llama-server`` is found, else transformers.
 
 Settings come from the model and the machine: the context window per slot is the model's trained context
-capped at 8,192 tokens (a CPU run never needs more, and the KV cache stays small), and each slot gets an
-equal share of the cores the process may use less one, which is left to the client, and at least one
-thread (two llama.cpp threads on 2 busy cores made a call ten times slower than one). A prompt longer than
+capped at 8,192 tokens (a CPU run never needs more, and the KV cache stays small), and the server gets the
+cores the process may use less one, which is left to the client, and at least one thread (two llama.cpp
+threads on 2 busy cores made a call ten times slower than one). The threads are the server's, not a slot's:
+llama-server decodes every busy slot in one batch on all its threads. A prompt longer than
 the window is refused by the server with an error that names ``--local-ctx``; a prompt that fits but leaves
 less room than ``max_tokens`` gets the room that is left (the server's rule, stated in the reply's
 ``finish_reason: length``).
@@ -31,18 +32,13 @@ Example:
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
-import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +46,7 @@ from typing import Any, Literal
 
 from ragsuite.errors import ConfigError, MissingExtraError, RagsuiteError
 from ragsuite.local_lm.models import ModelFile
+from ragsuite.processes import stop_process, stop_with_parent
 
 log = logging.getLogger("ragsuite.local_lm")
 
@@ -66,7 +63,7 @@ class LocalServerError(RagsuiteError, RuntimeError):
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How the server runs: slots in parallel, context tokens per slot, CPU threads per slot."""
+    """How the server runs: slots in parallel, context tokens per slot, CPU threads of the whole server."""
 
     parallel: int
     ctx: int
@@ -106,7 +103,7 @@ def plan_settings(
     if threads is None:
         # One core is left to the client (retrieval, parsing, the harness): llama.cpp's threads spin while
         # they wait, so one that shares its core with the client slows every token (ten times on 2 cores).
-        threads = max(1, (usable_cores() - 1) // parallel)
+        threads = max(1, usable_cores() - 1)
     elif threads < 1:
         raise ConfigError("--local-threads must be >= 1")
     return ServerSettings(parallel=parallel, ctx=ctx, threads=threads)
@@ -174,13 +171,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def stop_with_parent() -> None:
-    """In the child before exec: ask Linux to send SIGTERM when the parent dies, so a killed run leaves no
-    model server behind holding memory and cores."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 class LocalServer:
     """One local OpenAI-compatible server process for one GGUF model.
 
@@ -189,7 +179,7 @@ class LocalServer:
         engine: ``auto``, ``llama.cpp`` or ``transformers`` (see the module docstring).
         parallel: Requests served at once (llama.cpp slots; the transformers engine serves one at a time).
         ctx: Context tokens per slot (default: the model's, capped at 8,192).
-        threads: CPU threads per slot (default: the usable cores shared among the slots).
+        threads: CPU threads of the server, shared by its slots (default: the usable cores less one).
         host: Interface to listen on (loopback by default: the server has no key).
         port: Port; 0 picks a free one.
         startup_timeout: Seconds to wait for the model to load.
@@ -259,7 +249,7 @@ class LocalServer:
             "--host", self.host,
             "--port", str(self.port),
             "--ctx", str(s.ctx),
-            "--threads", str(s.threads * s.parallel),
+            "--threads", str(s.threads),
             "--parent-pid", str(os.getpid()),
         ]  # fmt: skip
 
@@ -296,34 +286,23 @@ class LocalServer:
         return self
 
     def _wait_until_ready(self) -> None:
-        import urllib.error
-        import urllib.request
+        from ragsuite.processes import ProcessExitedError, wait_until_serving
 
         assert self.process is not None
-        deadline = time.monotonic() + self.startup_timeout
         url = f"http://{self.host}:{self.port}/v1/models"
-        while True:
-            code = self.process.poll()
-            if code is not None:
-                raise LocalServerError(
-                    f"the local LM server ({self.engine}) exited with code {code} before serving "
-                    f"{self.served_name}. Its last output:\n{self.tail()}"
-                )
-            try:
-                with urllib.request.urlopen(url, timeout=5) as reply:
-                    served = [m.get("id") for m in json.loads(reply.read()).get("data", [])]
-                    if self.served_name in served:
-                        return
-            except (urllib.error.URLError, OSError, ValueError):
-                pass  # still loading
-            if time.monotonic() > deadline:
-                raise LocalServerError(
-                    f"the local LM server ({self.engine}) did not serve {self.served_name} within "
-                    f"{self.startup_timeout:g} s. Its last output:\n{self.tail()}"
-                )
-            # Waiting on the process doubles as the poll interval: an exit is seen at once.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=0.25)
+        try:
+            serving = lambda served: self.served_name in served  # noqa: E731
+            wait_until_serving(self.process, url, timeout=self.startup_timeout, ready=serving)
+        except ProcessExitedError as exc:
+            raise LocalServerError(
+                f"the local LM server ({self.engine}) exited with code {exc.code} before serving "
+                f"{self.served_name}. Its last output:\n{self.tail()}"
+            ) from None
+        except TimeoutError:
+            raise LocalServerError(
+                f"the local LM server ({self.engine}) did not serve {self.served_name} within "
+                f"{self.startup_timeout:g} s. Its last output:\n{self.tail()}"
+            ) from None
 
     def tail(self, lines: int = 15) -> str:
         """The last lines of the server's output."""
@@ -337,8 +316,6 @@ class LocalServer:
         process, self.process = self.process, None
         if process is None:
             return
-        from ragsuite.processes import stop_process
-
         stop_process(process, timeout=timeout)
 
     def __enter__(self) -> LocalServer:
@@ -386,6 +363,5 @@ __all__ = [
     "resolve_engine",
     "shared_server",
     "stop_shared_servers",
-    "stop_with_parent",
     "usable_cores",
 ]
