@@ -318,6 +318,7 @@ def build_lm(
     return EndpointLM(
         parsed.model,
         cache_scope=parsed.local.cache_scope if parsed.local is not None else scope,
+        structured_outputs=parsed.local is not None and parsed.local.structured_outputs,
         max_retry_wait=max_retry_wait,
         temperature=temperature,
         max_tokens=max_tokens,

@@ -210,6 +210,9 @@ class EndpointLM(dspy.LM):
         model: As for ``dspy.LM``.
         cache_scope: The endpoint (``api_base`` without credentials); None for the provider's default one.
         max_retry_wait: Longest wait before a retry, in seconds, whatever ``Retry-After`` says.
+        structured_outputs: The server constrains a reply to a JSON schema given as ``response_format``
+            (llama-server does, with a grammar): DSPy's JSON adapter then sends each signature's schema, and
+            a reply always parses. DSPy cannot know this of a served name it has never heard of.
         **kwargs: As for ``dspy.LM``.
 
     Example:
@@ -222,6 +225,7 @@ class EndpointLM(dspy.LM):
         *,
         cache_scope: str | None = None,
         max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
+        structured_outputs: bool = False,
         **kwargs: Any,
     ) -> None:
         _install_scoped_cache_keys()
@@ -229,6 +233,16 @@ class EndpointLM(dspy.LM):
         super().__init__(model, **kwargs)
         self.cache_scope = cache_scope
         self.max_retry_wait = float(max_retry_wait)
+        self.structured_outputs = structured_outputs
+
+    @property
+    def supports_response_schema(self) -> bool:
+        return self.structured_outputs or super().supports_response_schema
+
+    @property
+    def supported_params(self) -> set[str]:
+        params = super().supported_params
+        return params | {"response_format"} if self.structured_outputs else params
 
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
         with _scoped(self.cache_scope, self.max_retry_wait):

@@ -3,7 +3,7 @@
 The stand-in takes llama-server's flags, serves ``/v1/models`` under ``--alias`` and answers chat
 completions with a fixed reply and exact usage, so the server lifecycle and the ``--lm local`` path can be
 tested without a model. ``FAKE_EXIT`` in its environment makes it exit at once, as a server whose model
-fails to load does.
+fails to load does; ``FAKE_REPLY`` replaces the reply; ``FAKE_REQUESTS`` names a file that keeps each request.
 """
 
 from __future__ import annotations
@@ -105,6 +105,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if os.environ.get("FAKE_REQUESTS"):  # a file that keeps each request body, one JSON line each
+            with open(os.environ["FAKE_REQUESTS"], "a") as log:
+                log.write(json.dumps(body) + "\n")
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         ctx = int(args.ctx_size)
         if prompt > ctx:  # llama-server's own refusal of a prompt longer than its window

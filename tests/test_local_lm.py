@@ -222,6 +222,78 @@ def test_lm_local_talks_to_the_server_and_records_the_model_not_the_port(
         stop_shared_servers()
 
 
+def test_json_replies_from_llama_cpp_are_held_to_the_signature_schema(
+    tmp_path: Path, cache: Path, monkeypatch
+) -> None:
+    """llama-server compiles a JSON schema sent as response_format into a grammar: DSPy's JSON adapter sends
+    the signature's schema to it, so a small model's reply always parses. The transformers engine has no
+    such constraint and is sent none."""
+    import dspy
+
+    from ragsuite.lm import build_lm
+    from ragsuite.local_lm import LocalEndpoint
+    from ragsuite.local_lm.server import stop_shared_servers
+
+    requests = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("RAGSUITE_LLAMA_SERVER", str(fake_llama_server(tmp_path)))
+    monkeypatch.setenv("FAKE_REQUESTS", str(requests))
+    monkeypatch.setenv("FAKE_REPLY", '{"better": true}')
+    path = tiny_model(tmp_path / "m.gguf")
+
+    class Compare(dspy.Signature):
+        question: str = dspy.InputField()
+        better: bool = dspy.OutputField()
+
+    try:
+        lm = build_lm(f"local:{path}", local_options={"engine": "llama.cpp"}, cache=False)
+        assert lm.supports_response_schema and "response_format" in lm.supported_params
+        with dspy.context(lm=lm, adapter=dspy.JSONAdapter()):
+            assert dspy.Predict(Compare)(question="Is 2 > 1?").better is True
+    finally:
+        stop_shared_servers()
+    sent = json.loads(requests.read_text().splitlines()[-1])["response_format"]
+    assert sent["type"] == "json_schema"
+    schema = sent["json_schema"]["schema"]
+    assert schema["properties"]["better"]["type"] == "boolean" and schema["required"] == ["better"]
+    model = resolve_model(f"local:{path}")
+    assert not LocalEndpoint(model, "http://127.0.0.1:9/v1", "transformers").structured_outputs
+
+
+def test_every_stage_of_a_run_on_llama_cpp_asks_for_its_schema_and_parses_the_first_time(
+    tmp_path: Path, cache: Path, monkeypatch
+) -> None:
+    """With the local LM on llama.cpp each stage uses DSPy's JSON adapter with the signature's schema (a small
+    model breaks the chat format on true/false stages, costing a second request each time): one request per
+    stage call, no fallback, and the manifest says which adapter the prompts were written by."""
+    from ragsuite.cli import main
+    from ragsuite.local_lm import server as local_servers
+
+    requests = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("RAGSUITE_LLAMA_SERVER", str(fake_llama_server(tmp_path)))
+    monkeypatch.setenv("FAKE_REQUESTS", str(requests))
+    reply = {"note": "Paris is the capital.", "queries": ["capital of France"], "updated_note": "Paris.",
+             "better": False, "answer": "Paris"}  # fmt: skip
+    monkeypatch.setenv("FAKE_REPLY", json.dumps(reply))
+    path = tiny_model(tmp_path / "m.gguf")
+    out = tmp_path / "run"
+    try:
+        code = main(["eval", "--program", "deepnote", "--dataset", "hotpotqa", "--lm", f"local:{path}",
+                     "--limit", "1", "--no-cache", "--no-progress", "--out", str(out)])  # fmt: skip
+    finally:
+        local_servers.stop_shared_servers()
+    assert code == 0
+    (record,) = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    sent = [json.loads(line) for line in requests.read_text().splitlines()]
+    assert len(sent) == sum(record["stage_calls"].values()) >= 4  # no second requests
+    assert not any("fallback" in step for step in record["trace"])
+    assert record["prediction"] == "Paris"
+    for body in sent:
+        assert body["response_format"]["type"] == "json_schema"
+    asked = {tuple(body["response_format"]["json_schema"]["schema"]["required"]) for body in sent}
+    assert {("note",), ("queries",), ("updated_note",), ("better",), ("answer",)} <= asked
+    assert json.loads((out / "manifest.json").read_text())["lm"]["adapter"] == "json"
+
+
 def test_a_running_local_server_is_reused_by_api_base_and_must_serve_the_same_file(
     tmp_path: Path, cache: Path
 ) -> None:

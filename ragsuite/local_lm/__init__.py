@@ -54,8 +54,18 @@ class LocalEndpoint:
         """DSPy's cache key for this model: its content hash and engine, not the server's port."""
         return f"local:{self.model.sha256}:{self.engine}"
 
+    @property
+    def structured_outputs(self) -> bool:
+        """Whether the server holds a reply to a JSON schema sent as ``response_format`` (llama-server
+        compiles the schema into a grammar; the transformers engine has no such constraint)."""
+        return self.engine == "llama.cpp"
+
     def public(self) -> dict[str, Any]:
-        return {"model": f"local/{self.model.name}", "sha256": self.model.sha256, "engine": self.engine}
+        """What a run records: the model by content hash, the engine, and the adapter its stages use unless
+        one is configured (:func:`ragsuite.programs.base.stage_adapter`): the prompts differ with it."""
+        adapter = "json" if self.structured_outputs else "chat"
+        return {"model": f"local/{self.model.name}", "sha256": self.model.sha256, "engine": self.engine,
+                "adapter": adapter}  # fmt: skip
 
 
 def local_endpoint(spec: str, *, api_base: str | None = None, **options: Any) -> LocalEndpoint:

@@ -7,6 +7,7 @@ synchronously (see :mod:`ragsuite.aio`), so ``program(question=...)`` and
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
 import threading
@@ -35,6 +36,30 @@ MAX_QUESTION_CHARS = 8000
 #: The kinds of stage a program can be composed with, by constructor argument, in ``--stage`` order (the
 #: classes are :data:`ragsuite.programs.stages.STAGE_TYPES`, a module above this one).
 STAGE_KINDS = ("filter", "blend")
+
+
+_JSON_ADAPTER = dspy.JSONAdapter()
+
+
+def stage_adapter(predictor: Any) -> contextlib.AbstractContextManager[Any]:
+    """DSPy's JSON adapter for a stage whose LM holds replies to a JSON schema (``structured_outputs``: the
+    local LM on llama.cpp), unless an adapter is configured; else nothing (DSPy's default chat adapter).
+
+    Why: a small model often breaks the chat adapter's ``[[ ## field ## ]]`` format (every true/false stage
+    of DeepNote and HANRAG, with the local 0.5B model), and each break costs a second request in DSPy's JSON
+    fallback. Held to the signature's schema, the reply parses the first time.
+    """
+    if dspy.settings.adapter is not None:
+        return contextlib.nullcontext()
+    lm = next((p.lm for p in _predictors(predictor) if getattr(p, "lm", None) is not None), dspy.settings.lm)
+    if getattr(lm, "structured_outputs", False):
+        return dspy.context(adapter=_JSON_ADAPTER)
+    return contextlib.nullcontext()
+
+
+def _predictors(predictor: Any) -> list[Any]:
+    predictors = getattr(predictor, "predictors", None)
+    return list(predictors()) if callable(predictors) else []
 
 
 class RunLedger:
@@ -301,7 +326,8 @@ class RAGProgram(dspy.Module):
         with ledger._lock:
             ledger.stage_calls[stage] = ledger.stage_calls.get(stage, 0) + 1
         try:
-            return await invoke(predictor, **inputs)
+            with stage_adapter(predictor):
+                return await invoke(predictor, **inputs)
         except AdapterParseError as exc:
             if fallback is None:
                 raise
