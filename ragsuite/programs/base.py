@@ -39,6 +39,13 @@ STAGE_KINDS = ("filter", "blend")
 
 
 _JSON_ADAPTER = dspy.JSONAdapter()
+_CURRENT_STAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar("ragsuite_stage", default=None)
+
+
+def current_stage() -> str | None:
+    """The stage whose predictor is running in this context (``"note_compare"``, ``"filter"``, ...), or None
+    outside a stage call: for LM wrappers and logs that attribute requests to stages."""
+    return _CURRENT_STAGE.get()
 
 
 def stage_adapter(predictor: Any) -> contextlib.AbstractContextManager[Any]:
@@ -325,6 +332,7 @@ class RAGProgram(dspy.Module):
         ledger.count_lm_call()
         with ledger._lock:
             ledger.stage_calls[stage] = ledger.stage_calls.get(stage, 0) + 1
+        token = _CURRENT_STAGE.set(stage)
         try:
             with stage_adapter(predictor):
                 return await invoke(predictor, **inputs)
@@ -336,6 +344,8 @@ class RAGProgram(dspy.Module):
                 ledger.fallbacks.append({"stage": stage, "used": fallback, "reason": reason})
             ledger.record(stage, fallback=fallback, reason=reason)
             return dspy.Prediction(**fallback)
+        finally:
+            _CURRENT_STAGE.reset(token)
 
     def call_stage(
         self,
