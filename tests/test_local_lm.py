@@ -294,6 +294,39 @@ def test_every_stage_of_a_run_on_llama_cpp_asks_for_its_schema_and_parses_the_fi
     assert json.loads((out / "manifest.json").read_text())["lm"]["adapter"] == "json"
 
 
+def test_the_stage_adapter_is_json_only_for_plain_outputs_of_a_schema_holding_lm() -> None:
+    """The JSON adapter is chosen for a stage when its LM holds replies to a schema and every output is a
+    plain value; DSPy's own types (a probability-backed decision) keep DSPy's default, and so does an
+    explicitly configured adapter. Salvaging wrappers are seen through."""
+    import dspy
+
+    from ragsuite.programs.base import stage_adapter
+    from ragsuite.programs.hanrag import salvage_route
+    from ragsuite.programs.pipeline import choice_predictor, decision_predictor
+    from ragsuite.signatures.hanrag import Filter, Route
+
+    class SchemaLM(dspy.LM):
+        structured_outputs = True
+
+    def adapter_for(predictor: object, **settings: object) -> object:
+        with dspy.context(**settings), stage_adapter(predictor):
+            return dspy.settings.adapter
+
+    schema_lm, plain_lm = SchemaLM("openai/m"), dspy.LM("openai/m")
+    generate = dspy.Predict(Filter)
+    probability = decision_predictor(Filter, "relevant", mode="probability", threshold=0.5)
+    assert isinstance(adapter_for(generate, lm=schema_lm), dspy.JSONAdapter)
+    assert isinstance(adapter_for(dspy.ChainOfThought(Filter), lm=schema_lm), dspy.JSONAdapter)
+    assert adapter_for(generate, lm=plain_lm) is None  # DSPy's default, the chat adapter
+    assert adapter_for(probability, lm=schema_lm) is None
+    routed = salvage_route(choice_predictor(Route, "category", mode="generate", weights={}))
+    assert isinstance(adapter_for(routed, lm=schema_lm), dspy.JSONAdapter)
+    chosen = dspy.ChatAdapter()
+    assert adapter_for(generate, lm=schema_lm, adapter=chosen) is chosen
+    generate.lm = plain_lm  # a stage LM of its own decides for its stage
+    assert adapter_for(generate, lm=schema_lm) is None
+
+
 def test_a_running_local_server_is_reused_by_api_base_and_must_serve_the_same_file(
     tmp_path: Path, cache: Path
 ) -> None:

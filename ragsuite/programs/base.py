@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import inspect
 import threading
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -50,7 +51,8 @@ def current_stage() -> str | None:
 
 def stage_adapter(predictor: Any) -> contextlib.AbstractContextManager[Any]:
     """DSPy's JSON adapter for a stage whose LM holds replies to a JSON schema (``structured_outputs``: the
-    local LM on llama.cpp), unless an adapter is configured; else nothing (DSPy's default chat adapter).
+    local LM on llama.cpp) and whose outputs are all plain values, unless an adapter is configured; else
+    nothing (DSPy's default chat adapter).
 
     Why: a small model often breaks the chat adapter's ``[[ ## field ## ]]`` format (every true/false stage
     of DeepNote and HANRAG, with the local 0.5B model), and each break costs a second request in DSPy's JSON
@@ -58,15 +60,36 @@ def stage_adapter(predictor: Any) -> contextlib.AbstractContextManager[Any]:
     """
     if dspy.settings.adapter is not None:
         return contextlib.nullcontext()
-    lm = next((p.lm for p in _predictors(predictor) if getattr(p, "lm", None) is not None), dspy.settings.lm)
-    if getattr(lm, "structured_outputs", False):
+    predictors = _predictors(predictor)
+    lm = next((p.lm for p in predictors if getattr(p, "lm", None) is not None), dspy.settings.lm)
+    if getattr(lm, "structured_outputs", False) and predictors and all(map(_plain_outputs, predictors)):
         return dspy.context(adapter=_JSON_ADAPTER)
     return contextlib.nullcontext()
 
 
 def _predictors(predictor: Any) -> list[Any]:
+    """The DSPy predictors a stage runs: the module's, or those of the one a salvaging wrapper calls
+    (``__wrapped__``); none for an opaque callable."""
+    while not hasattr(predictor, "predictors") and hasattr(predictor, "__wrapped__"):
+        predictor = predictor.__wrapped__
     predictors = getattr(predictor, "predictors", None)
     return list(predictors()) if callable(predictors) else []
+
+
+def _plain_outputs(predictor: Any) -> bool:
+    """Whether every output of the predictor is a plain value (text, number, true/false, list, option):
+    DSPy's own types (probability-backed decisions, tool calls, media) keep the adapter they were made for."""
+    from dspy.adapters.types.base_type import Type
+
+    signature = getattr(predictor, "signature", None)
+    if signature is None:
+        return False
+    for field in signature.output_fields.values():
+        annotation = field.annotation
+        for part in (annotation, *typing.get_args(annotation)):
+            if isinstance(part, type) and issubclass(part, Type):
+                return False
+    return True
 
 
 class RunLedger:

@@ -116,6 +116,7 @@ def _salvage_refine(predictor: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             return dspy.Prediction(queries=queries, salvaged=True)
 
+    call.__wrapped__ = predictor  # type: ignore[attr-defined]  # for stage_adapter: the predictor inside
     return call
 
 

@@ -80,6 +80,7 @@ def salvage_route(predictor: Callable[..., Any]) -> Callable[..., Any]:
             # zero-weight routes) with a ValueError: an unusable reply, so the router's fallback applies.
             raise AdapterParseError("DecisionAdapter", Route, "", message=str(exc)) from exc
 
+    call.__wrapped__ = predictor  # type: ignore[attr-defined]  # for stage_adapter: the predictor inside
     return call
 
 

@@ -320,6 +320,7 @@ def _salvage_complexity(predictor: dspy.Predict) -> Any:
                 raise
             return dspy.Prediction(complexity=found.pop(), salvaged=True)
 
+    call.__wrapped__ = predictor  # type: ignore[attr-defined]  # for stage_adapter: the predictor inside
     return call
 
 

@@ -151,6 +151,7 @@ def salvage_yes_no(predictor: Callable[..., Any]) -> Callable[..., Any]:
             logger.debug("yes/no answer salvaged from an unparsable reply")
             return dspy.Prediction(answer=match.group(1).lower(), salvaged=True)
 
+    call.__wrapped__ = predictor  # type: ignore[attr-defined]  # for stage_adapter: the predictor inside
     return call
 
 
