@@ -177,6 +177,10 @@ def replay(server: Any, history: list[dict[str, Any]], clients: int) -> tuple[fl
         # The run's own request parameters, so both complete alike: sampling, and the response format that
         # DSPy's JSON-adapter retries ask for (without it a retry is a different, usually longer, request).
         kwargs = {k: v for k, v in entry["kwargs"].items() if k in REQUEST_PARAMETERS}
+        if isinstance(kwargs.get("response_format"), type):  # the JSON adapter's pydantic model of the schema
+            from litellm.utils import type_to_response_format_param
+
+            kwargs["response_format"] = type_to_response_format_param(kwargs["response_format"])
         body = json.dumps({"model": server.served_name, "messages": entry["messages"], **kwargs}).encode()
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=600) as reply:
