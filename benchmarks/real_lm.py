@@ -73,7 +73,7 @@ def run_eval(
 
     code = main([
         "eval", "--program", program, "--dataset", dataset, "--data-dir", str(args.data_dir),
-        "--lm", "local", "--api-base", server.api_base, "--limit", str(limit),
+        "--lm", args.model, "--api-base", server.api_base, "--limit", str(limit),
         "--threads", str(threads), "--no-cache", "--no-progress", "--out", str(out),
         *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
     ])  # fmt: skip
