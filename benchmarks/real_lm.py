@@ -7,10 +7,12 @@ LM calls, tokens and seconds per question, and the share of stage calls whose re
 numbers show what runs and where a small model breaks the format, and are not comparable to published ones.
 
 ``overhead``: runs vanilla and DeepNote through ``evaluate`` against the local server at 1, 2 and 4 slots
-(``--local-parallel`` = ``--threads``), then replays the very requests the run sent (from the LM's history)
-straight to the server with as many concurrent clients, and reports the run's wall time over the replay's.
-The replay sends requests as independent as they can be (a run must send a question's steps in order), so
-the ratio bounds the harness's cost from above.
+(``--local-parallel`` = ``--threads``). It reads the server's own seconds on prompts and generation
+(``/metrics``) around each run: at one slot, the run's wall time over them is the harness's cost plus the time
+the server sat idle (at several slots the server's seconds overlap and the ratio understates the cost). It
+then replays the very requests the run sent (from the LM's history, with the same parameters) straight to a
+fresh server with as many concurrent clients, and reports the run's wall time over the replay's; the replay
+sends requests as independent as they can be (a run must send a question's steps in order).
 
 ``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON
 adapter held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM
@@ -192,6 +194,21 @@ def replay(server: Any, history: list[dict[str, Any]], clients: int) -> tuple[fl
     return time.perf_counter() - started, tokens
 
 
+def server_seconds(server: Any) -> float:
+    """Seconds llama-server has spent on prompts and on generating, by its own ``/metrics``, summed over
+    requests (requests in parallel slots overlap, so at several slots this is more than its busy time)."""
+    base = server.api_base.removesuffix("/v1")
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    totals = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        totals[name] = value
+    return float(totals["llamacpp:prompt_seconds_total"]) + float(
+        totals["llamacpp:tokens_predicted_seconds_total"]
+    )
+
+
 def overhead(args: argparse.Namespace) -> int:
     import dspy
 
@@ -203,27 +220,33 @@ def overhead(args: argparse.Namespace) -> int:
 
     os.environ["RAGSUITE_DATA"] = str(args.data_dir)
     examples = load_dataset(args.dataset, split="dev")[: args.questions]
-    print("| slots | program | questions | LM requests | run s | replay s | run/replay | tokens run/replay |")
-    print("|---|---|---|---|---|---|---|---|")
+    columns = (
+        "slots | program | questions | LM requests | run s | server s | run/server | replay s | run/replay"
+    )
+    print(f"| {columns} | tokens run/replay |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for slots in args.slots:
         server = start_server(args, parallel=slots)
         try:
             for name in args.programs:
-                lm = build_lm("local", api_base=server.api_base, cache=False, temperature=0.0, seed=0,
+                lm = build_lm(args.model, api_base=server.api_base, cache=False, temperature=0.0, seed=0,
                               max_tokens=args.max_tokens or 512)  # fmt: skip
                 program = programs.get(name)(retriever=build_retriever(f"bm25:{args.dataset}"))
+                busy = server_seconds(server)
                 started = time.perf_counter()
                 with dspy.context(lm=lm):
                     evaluate(program, examples, dataset=args.dataset, threads=slots, progress=False)
                 run_s = time.perf_counter() - started
+                busy = server_seconds(server) - busy
                 history = list(lm.history)
                 run_tokens = sum(int((h.get("usage") or {}).get("completion_tokens") or 0) for h in history)
                 # A fresh server for the replay: the run's prompts must not be waiting in its prompt cache.
                 server.stop()
                 server = start_server(args, parallel=slots)
                 replay_s, replay_tokens = replay(server, history, slots)
-                cells = [slots, name, len(examples), len(history), f"{run_s:.1f}", f"{replay_s:.1f}"]
-                cells += [f"{run_s / replay_s:.3f}", f"{run_tokens}/{replay_tokens}"]
+                cells = [slots, name, len(examples), len(history), f"{run_s:.1f}", f"{busy:.1f}"]
+                cells += [f"{run_s / busy:.3f}", f"{replay_s:.1f}", f"{run_s / replay_s:.3f}"]
+                cells += [f"{run_tokens}/{replay_tokens}"]
                 print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         finally:
             server.stop()
