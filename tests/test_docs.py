@@ -24,6 +24,7 @@ from ragsuite.data.datasets import load_dataset
 from ragsuite.errors import install_hint
 from ragsuite.testing.openai_server import LocalOpenAIServer
 from ragsuite.testing.responders import grounded_responder
+from tests.benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- docs-test: run -->"
@@ -196,19 +197,12 @@ def test_the_programs_table_states_every_programs_defaults() -> None:
         assert stated(cell) == defaults, f"{name}: the table says {cell}"
 
 
-def _benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmarks_read_the_committed_fixtures_by_default(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # No data directory from the environment: what a fresh clone's shell has.
     monkeypatch.delenv("RAGSUITE_DATA", raising=False)
-    assert _benchmark("bm25_parity").main(["--datasets", "strategyqa"]) == 0
+    assert load_benchmark("bm25_parity").main(["--datasets", "strategyqa"]) == 0
     fixture_questions = len(load_dataset("strategyqa", data_dir=data_dir))
     assert f"| strategyqa | 400 | {fixture_questions} | {fixture_questions}/{fixture_questions} /" in (
         capsys.readouterr().out
@@ -216,7 +210,7 @@ def test_benchmarks_read_the_committed_fixtures_by_default(
     fixture_passages = sum(
         1 for path in data_dir.glob("*/corpus.jsonl") for line in path.open(encoding="utf-8") if line.strip()
     )
-    assert len(_benchmark("synthetic_corpus").source_passages()) == fixture_passages
+    assert len(load_benchmark("synthetic_corpus").source_passages()) == fixture_passages
     for script in (ROOT / "benchmarks").glob("*.py"):
         text = script.read_text(encoding="utf-8")
         assert "../shared" not in text and '/ "shared"' not in text, f"{script.name} reads ../shared"

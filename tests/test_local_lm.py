@@ -437,3 +437,31 @@ def test_the_build_finds_cmake_beside_this_python_when_the_venv_is_not_activated
     monkeypatch.setattr(build.sys, "executable", str(venv_bin / "python"))
     assert build.find_tool("cmake") == str(cmake)
     assert build.find_tool("no-such-tool") is None
+
+
+# A llama-server log as it writes one: its clock (minutes.seconds.ms.us since start), then the event.
+SERVER_LOG = """\
+0.00.919.330 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 8192, kv_unified = 'false'
+0.01.015.494 I slot launch_slot_: id  0 | task 0 | processing task, is_child = 0
+0.02.500.000 I slot launch_slot_: id  1 | task 3 | processing task, is_child = 0
+0.11.057.376 I slot print_timing: id  0 | task 0 |        eval time =    2546.87 ms /    40 tokens
+0.11.057.507 I slot      release: id  0 | task 0 | stop processing: n_tokens = 1062, truncated = 0
+0.12.000.000 I slot      release: id  1 | task 3 | stop processing: n_tokens = 300, truncated = 0
+1.02.000.000 I slot launch_slot_: id  0 | task 7 | processing task, is_child = 0
+1.04.250.000 I slot      release: id  0 | task 7 | stop processing: n_tokens = 80, truncated = 0
+1.05.000.000 I slot launch_slot_: id  1 | task 9 | processing task, is_child = 0
+"""
+
+
+def test_the_overhead_benchmark_reads_busy_time_from_the_server_log() -> None:
+    """Overlapping slots count once in the busy time and in full in the summed time; a request still open
+    is reported, not counted."""
+    from tests.benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("real_lm")
+    intervals, still_open = bench.slot_intervals(SERVER_LOG)
+    assert still_open == 1
+    assert intervals == [pytest.approx(pair) for pair in [(1.015494, 11.057507), (2.5, 12.0), (62.0, 64.25)]]
+    assert bench.union_seconds(intervals) == pytest.approx((12.0 - 1.015494) + 2.25)
+    assert sum(end - start for start, end in intervals) == pytest.approx(10.042013 + 9.5 + 2.25)
+    assert bench.union_seconds([]) == 0.0
