@@ -225,3 +225,42 @@ def test_a_program_on_a_corpus_file_loads_where_the_file_is_now(tmp_path, monkey
     programs.get("vanilla")(retriever=deeper, top_k=2).save(str(deeper_path))
     with pytest.raises(ConfigError, match=r"settings \{'rrf_k': 10\} cannot be rebuilt"):
         ragsuite.load(str(deeper_path))
+
+
+# -- the compiled program shipped for the local LM ----------------------------------------------------------
+
+SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "compiled" / "vanilla-nq-local.json"
+
+
+def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_its_demos(
+    tmp_path, data_dir, caplog
+):
+    """``examples/compiled/vanilla-nq-local.json`` (vanilla with 4 bootstrapped demos, compiled on the
+    packaged 0.5B model; docs/local-lm.md has its before and after) was compiled for the default local model:
+    a change of default must compile it again. Its demos reach every prompt, and eval leaves out the
+    questions it was compiled on."""
+    from ragsuite.local_lm.models import PACKAGED_MODELS
+
+    default = PACKAGED_MODELS[0]
+    document = json.loads(SHIPPED.read_text())
+    assert document["metadata"]["lm"] == f"local/{default.name}-{default.sha256[:12]}"  # the served name
+    demos = document["predictors"]["answer"]["demos"]
+    assert len(demos) == 4
+    holdout = document["metadata"]["holdout"]
+    seen = {*holdout["train_ids"], *holdout["val_ids"]}
+    dev = (data_dir / "nq" / "dev.jsonl").read_text().splitlines()
+    fixture_ids = [json.loads(line)["id"] for line in dev]
+
+    def respond(request: ScriptedRequest) -> dict:
+        return {name: "an answer" for name in request.output_fields}
+
+    with LocalOpenAIServer(respond) as server:
+        argv = eval_argv(SHIPPED, "nq", data_dir, "--lm", "openai/scripted", "--api-base", server.api_base)
+        run = tmp_path / "run"
+        argv[argv.index("--out") + 1] = str(run)
+        assert main([*argv, "--limit", "3"]) == 0
+        prompts = [json.dumps(request.messages) for request in server.requests]
+    assert len(prompts) == 3
+    assert all(all(demo["question"] in prompt for demo in demos) for prompt in prompts)
+    answered = [json.loads(line)["id"] for line in (run / "records.jsonl").read_text().splitlines()]
+    assert sorted(answered) == sorted([i for i in fixture_ids if i not in seen][:3])  # in completion order
