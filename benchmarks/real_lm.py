@@ -391,13 +391,17 @@ def adapters(args: argparse.Namespace) -> int:
                 for record in result.records:
                     calls.update(record.get("stage_calls") or {})
                 stages = ", ".join(f"{stage} {requests[stage]}/{calls[stage]}" for stage in sorted(calls))
-                score = result.metrics.get(metric) if result.metrics else None
+                scores = [
+                    f"{name} {100 * result.metrics[name]:.0f}"
+                    for name in dict.fromkeys((metric, "f1"))
+                    if result.metrics and result.metrics.get(name) is not None
+                ]  # F1 beside substring accuracy, which credits a long reply that holds the answer
                 usage = [entry.get("usage") or {} for entry in lm.history]
                 tokens = [
                     sum(int(u.get(key) or 0) for u in usage) for key in ("prompt_tokens", "completion_tokens")
                 ]
                 cells = [name, type(adapter).__name__, f"{result.n} ({result.errors} failed)" if result.errors
-                         else result.n, "–" if score is None else f"{metric} {100 * score:.0f}", stages,
+                         else result.n, ", ".join(scores) or "–", stages,
                          f"{tokens[0]}/{tokens[1]}", f"{wall:.1f}"]  # fmt: skip
                 print("| " + " | ".join(map(str, cells)) + " |", flush=True)
     finally:
