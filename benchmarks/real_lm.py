@@ -219,15 +219,20 @@ def server_busy(server: Any, offset: int) -> tuple[float, float, int]:
     """From the server's log past byte ``offset``: (busy wall seconds, request seconds summed, requests).
 
     Raises:
-        SystemExit: The log holds no timestamped slot events (a llama-server without them cannot be timed).
+        SystemExit: The log holds no timestamped slot events (a llama-server without them cannot be timed), or
+            a request it started has not ended 10 s after the run (its busy time would be short).
     """
     deadline = time.monotonic() + 10
     while True:  # the server writes its log from a thread of its own: wait until every request has ended
         with server.log_file.open("rb") as log_file:
             log_file.seek(offset)
             intervals, still_open = slot_intervals(log_file.read().decode("utf-8", "replace"))
-        if not still_open or time.monotonic() > deadline:
+        if not still_open:
             break
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"{server.log_file}: {still_open} request(s) never ended; no busy time to report"
+            )
         time.sleep(0.1)
     if not intervals:
         raise SystemExit(

@@ -232,9 +232,7 @@ def test_a_program_on_a_corpus_file_loads_where_the_file_is_now(tmp_path, monkey
 SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "compiled" / "vanilla-nq-local.json"
 
 
-def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_its_demos(
-    tmp_path, data_dir, caplog
-):
+def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_its_demos(tmp_path, data_dir):
     """``examples/compiled/vanilla-nq-local.json`` (vanilla with 4 bootstrapped demos, compiled on the
     packaged 0.5B model; docs/local-lm.md has its before and after) was compiled for the default local model:
     a change of default must compile it again. Its demos reach every prompt, and eval leaves out the
