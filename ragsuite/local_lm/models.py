@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,8 +144,10 @@ def resolve_model(spec: str) -> ModelFile:
     """``local``, ``local:NAME`` or ``local:PATH`` -> a verified :class:`ModelFile`.
 
     A packaged model is joined from its installed slices into the cache once (hashed while it is written)
-    and reused while its size and modification time stay the same; a file given by path is hashed on
-    first use and the hash memoized beside it in the cache.
+    and reused while the file stays the version that was verified (same inode, size, mtime and ctime); a
+    changed or damaged file is hashed again and joined afresh if it no longer matches. A file given by path
+    is hashed on first use and the hash memoized in the cache under the same rule. Partial joins left by
+    killed processes are deleted.
 
     Raises:
         ConfigError: an unknown name.
@@ -173,8 +176,16 @@ def resolve_model(spec: str) -> ModelFile:
 def _assemble(model: PackagedModel) -> ModelFile:
     target = models_dir() / f"{model.name}-{model.sha256[:12]}.gguf"
     stamp = target.with_suffix(".verified")
-    if target.is_file() and stamp.is_file() and stamp.read_text() == _stamp(target, model.sha256):
+    sweep_partials(target.parent)
+    if target.is_file() and _vouched_sha256(stamp, target) == model.sha256:
         return ModelFile(target.stem, target, model.sha256, read_gguf_metadata(target))
+    if target.is_file():
+        # Unvouched (changed since stamped, or stamped in the clock tick of its last change): hashing it is
+        # cheaper than joining it again, and a damaged file fails here and is joined afresh below.
+        info = target.stat()
+        if _sha256_of(target) == model.sha256:
+            _write_stamp(stamp, info, model.sha256)
+            return ModelFile(target.stem, target, model.sha256, read_gguf_metadata(target))
     slices = model.slice_paths()
     partial = target.with_suffix(f".part{os.getpid()}")
     digest = hashlib.sha256()
@@ -195,42 +206,117 @@ def _assemble(model: PackagedModel) -> ModelFile:
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
-    stamp.write_text(_stamp(target, model.sha256))
+    _write_stamp(stamp, target.stat(), model.sha256)
     return ModelFile(target.stem, target, model.sha256, read_gguf_metadata(target))
 
 
-def _stamp(path: Path, sha256: str) -> str:
-    info = path.stat()
-    return json.dumps({"sha256": sha256, "size": info.st_size, "mtime_ns": info.st_mtime_ns})
+def _file_version(info: os.stat_result) -> dict[str, int]:
+    """What tells one version of a file from another without reading it. Size and mtime alone do not: a byte
+    changed with the times put back (disk corruption, ``os.utime``) keeps both, and ``cp -p`` copies the
+    mtime. Any write or ``utime`` moves the ctime, which no one can set, and a copy is another inode."""
+    return {
+        "size": info.st_size,
+        "mtime_ns": info.st_mtime_ns,
+        "ctime_ns": info.st_ctime_ns,
+        "inode": info.st_ino,
+        "device": info.st_dev,
+    }
+
+
+def _write_stamp(stamp: Path, info: os.stat_result, sha256: str) -> None:
+    """Record that the file version ``info`` (taken before it was hashed) has SHA-256 ``sha256``."""
+    stamp.write_text(json.dumps({"sha256": sha256, **_file_version(info)}))
+
+
+def _vouched_sha256(stamp: Path, path: Path) -> str | None:
+    """The SHA-256 ``stamp`` records for ``path`` while the file is still the version it was written for;
+    else None (hash it again).
+
+    File times tick coarsely (a few ms, up to seconds on some file systems): a change in the same tick as the
+    stamp was written would keep the ctime the stamp records. So a stamp vouches only for a file last changed
+    strictly before the stamp itself was written (git's rule for racily clean files).
+    """
+    try:
+        saved = json.loads(stamp.read_text())
+        current = _file_version(path.stat())
+        written = stamp.stat().st_mtime_ns
+        if not isinstance(saved, dict) or not isinstance(saved.get("sha256"), str):
+            return None
+        if any(saved.get(key) != value for key, value in current.items()):
+            return None
+        return saved["sha256"] if current["ctime_ns"] < written else None
+    except (OSError, ValueError):
+        return None
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as src:
+        while chunk := src.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _memoized_sha256(path: Path) -> str:
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
     memo = models_dir() / f"hash-{key}.json"
-    info = path.stat()
+    known = _vouched_sha256(memo, path)
+    if known is not None:
+        return known
+    info = path.stat()  # before hashing: a change while it is read leaves a stamp that vouches for nothing
+    digest = _sha256_of(path)
+    _write_stamp(memo, info, digest)
+    return digest
+
+
+_PARTIAL = re.compile(r"\.part(\d+)$")
+
+
+def sweep_partials(folder: Path) -> list[Path]:
+    """Delete the partial joins (``*.part<pid>``) in ``folder`` whose process is gone: a join killed with
+    kill -9 or by a power cut leaves hundreds of MB behind. A partial of a live process is a join in
+    progress and is kept. Returns the deleted files.
+
+    Partials are matched to processes of this machine: a cache folder shared by several machines must not
+    hold joins in progress (ragsuite joins into each machine's own cache by default).
+    """
+    removed = []
+    for path in folder.glob("*.part*"):
+        match = _PARTIAL.search(path.name)
+        if match and not _process_alive(int(match.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid <= 0:  # never a writer's pid; os.kill(0, ...) would signal our own process group
+        return False
     try:
-        saved = json.loads(memo.read_text())
-        if saved["size"] == info.st_size and saved["mtime_ns"] == info.st_mtime_ns:
-            return str(saved["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    digest = hashlib.sha256()
-    with path.open("rb") as src:
-        while chunk := src.read(1 << 22):
-            digest.update(chunk)
-    memo.write_text(_stamp(path, digest.hexdigest()))
-    return digest.hexdigest()
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such process (OverflowError: larger than any pid)
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 # GGUF value types (ggml's gguf.h): fixed-size scalars by struct code, 8 = string, 9 = array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
 _MAX_STRING = 1 << 24  # a chat template is a few KB; anything near this means a corrupt header
+# Real files hold arrays of scalars or strings (llama.cpp reads nothing deeper); a crafted header can nest
+# arrays thousands deep to exhaust the stack.
+_MAX_ARRAY_DEPTH = 4
 
 
 def read_gguf_metadata(path: Path) -> dict[str, object]:
     """The scalar and string key-value pairs of a GGUF file's header (arrays such as the vocabulary are
     skipped, not read into memory). Memoized per file version: a command resolves its model more than once,
     and walking a 150k-word vocabulary takes a good part of a second.
+
+    Every count in the header is checked against the bytes left in the file and arrays may nest only four
+    deep, so a crafted header is refused at once instead of costing time, memory or the stack.
 
     Raises:
         ModelFileError: not a GGUF file, or a truncated or corrupt header.
@@ -239,26 +325,15 @@ def read_gguf_metadata(path: Path) -> dict[str, object]:
         info = path.stat()
     except OSError as exc:
         raise ModelFileError(f"cannot read the model file {path}: {exc}") from None
-    return dict(_read_gguf_metadata(path.resolve(), info.st_size, info.st_mtime_ns))
+    version = tuple(_file_version(info).values())
+    return dict(_read_gguf_metadata(path.resolve(), version))
 
 
 @functools.lru_cache(maxsize=16)
-def _read_gguf_metadata(path: Path, size: int, mtime_ns: int) -> dict[str, object]:
+def _read_gguf_metadata(path: Path, version: tuple[int, ...]) -> dict[str, object]:
     try:
         with path.open("rb") as file:
-            if file.read(4) != b"GGUF":
-                raise ModelFileError(f"{path} is not a GGUF model file (its first bytes are not 'GGUF')")
-            version, _tensors, count = struct.unpack("<IQQ", _read(file, 20, path))
-            if version < 2:
-                raise ModelFileError(f"{path} is GGUF version {version}; only versions 2 and later are read")
-            metadata: dict[str, object] = {}
-            for _ in range(count):
-                key = _read_string(file, path)
-                (kind,) = struct.unpack("<I", _read(file, 4, path))
-                value = _read_value(file, kind, path)
-                if value is not _SKIPPED:
-                    metadata[key] = value
-            return metadata
+            return _GGUFHeader(file, path).metadata()
     except OSError as exc:
         raise ModelFileError(f"cannot read the model file {path}: {exc}") from None
 
@@ -266,36 +341,78 @@ def _read_gguf_metadata(path: Path, size: int, mtime_ns: int) -> dict[str, objec
 _SKIPPED = object()
 
 
-def _read(file: BinaryIO, size: int, path: Path) -> bytes:
-    data = file.read(size)
-    if len(data) != size:
-        raise ModelFileError(f"{path} ends inside its GGUF header: the file is truncated or corrupt")
-    return data
+class _GGUFHeader:
+    """Reads one GGUF header, refusing counts that cannot fit in the file and arrays nested too deep."""
+
+    def __init__(self, file: BinaryIO, path: Path) -> None:
+        self.file = file
+        self.path = path
+        self.size = os.fstat(file.fileno()).st_size
+
+    def metadata(self) -> dict[str, object]:
+        if self.file.read(4) != b"GGUF":
+            raise ModelFileError(f"{self.path} is not a GGUF model file (its first bytes are not 'GGUF')")
+        version, _tensors, count = struct.unpack("<IQQ", self.read(20))
+        if version < 2:
+            raise ModelFileError(f"{self.path} is GGUF version {version}; only versions 2 and later are read")
+        self.fits(count, 8 + 4, "metadata entries")  # each: a key's length and a value type, at least
+        metadata: dict[str, object] = {}
+        for _ in range(count):
+            key = self.string()
+            (kind,) = struct.unpack("<I", self.read(4))
+            value = self.value(kind, depth=0)
+            if value is not _SKIPPED:
+                metadata[key] = value
+        return metadata
+
+    def corrupt(self, why: str) -> ModelFileError:
+        return ModelFileError(f"{self.path} has a corrupt GGUF header ({why})")
+
+    def fits(self, count: int, each: int, what: str) -> None:
+        """Refuse ``count`` items of at least ``each`` bytes that the rest of the file cannot hold."""
+        left = self.size - self.file.tell()
+        if count * each > left:
+            raise self.corrupt(f"{count:,} {what} cannot fit in the {left:,} bytes left of the file")
+
+    def read(self, size: int) -> bytes:
+        data = self.file.read(size)
+        if len(data) != size:
+            raise ModelFileError(f"{self.path} ends inside its GGUF header: the file is truncated or corrupt")
+        return data
+
+    def string(self) -> str:
+        (length,) = struct.unpack("<Q", self.read(8))
+        if length > _MAX_STRING:
+            raise self.corrupt(f"a {length:,}-byte string")
+        return self.read(length).decode("utf-8", errors="replace")
+
+    def value(self, kind: int, *, depth: int) -> object:
+        if kind in _SCALARS:
+            code = _SCALARS[kind]
+            (value,) = struct.unpack("<" + code, self.read(struct.calcsize(code)))
+            return value
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            if depth >= _MAX_ARRAY_DEPTH:
+                raise self.corrupt(f"arrays nested more than {_MAX_ARRAY_DEPTH} deep")
+            item_kind, length = struct.unpack("<IQ", self.read(12))
+            self.fits(length, _smallest(item_kind), "array items")
+            if item_kind in _SCALARS:
+                self.file.seek(struct.calcsize(_SCALARS[item_kind]) * length, os.SEEK_CUR)
+            else:
+                for _ in range(length):
+                    self.value(item_kind, depth=depth + 1)
+            return _SKIPPED
+        raise self.corrupt(f"unknown value type {kind}")
 
 
-def _read_string(file: BinaryIO, path: Path) -> str:
-    (length,) = struct.unpack("<Q", _read(file, 8, path))
-    if length > _MAX_STRING:
-        raise ModelFileError(f"{path} has a corrupt GGUF header (a {length:,}-byte string)")
-    return _read(file, length, path).decode("utf-8", errors="replace")
-
-
-def _read_value(file: BinaryIO, kind: int, path: Path) -> object:
+def _smallest(kind: int) -> int:
+    """The fewest bytes a value of GGUF type ``kind`` takes (a string: its length; an array: its item type
+    and count); 1 for an unknown type, which is refused when read."""
     if kind in _SCALARS:
-        code = _SCALARS[kind]
-        (value,) = struct.unpack("<" + code, _read(file, struct.calcsize(code), path))
-        return value
-    if kind == 8:
-        return _read_string(file, path)
-    if kind == 9:
-        item_kind, length = struct.unpack("<IQ", _read(file, 12, path))
-        if item_kind in _SCALARS:
-            file.seek(struct.calcsize(_SCALARS[item_kind]) * length, os.SEEK_CUR)
-        else:
-            for _ in range(length):
-                _read_value(file, item_kind, path)
-        return _SKIPPED
-    raise ModelFileError(f"{path} has a corrupt GGUF header (unknown value type {kind})")
+        return struct.calcsize(_SCALARS[kind])
+    return {_STRING: 8, _ARRAY: 12}.get(kind, 1)
 
 
 __all__ = [
