@@ -436,13 +436,21 @@ def _check_server(spec: LMSpec, api_base: str, *, timeout: float) -> list[str]:
                 f"expects ({spec.api_key_env or DEFAULT_VLLM_KEY_ENV}) or pass --api-key-env NAME"
             ) from None
         raise LMEndpointError(f"the LM server at {shown} answered HTTP {exc.code} to GET /models") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, RecursionError) as exc:
         reason = getattr(exc, "reason", exc)
         raise LMEndpointError(
             f"cannot reach the LM server at {shown} ({redact(str(reason))}). Is it running? Start one with "
             "`ragsuite serve --model NAME` or check --api-base."
         ) from None
-    served = [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, dict)]
+    from ragsuite.processes import model_entries
+
+    try:
+        served = [entry["id"] for entry in model_entries(payload)]
+    except ValueError as exc:
+        raise LMEndpointError(
+            f"the LM server at {shown} answered GET /models with JSON that is not an OpenAI model list "
+            f"({exc}); check --api-base: it is the address of an OpenAI-compatible server, ending in /v1"
+        ) from None
     name = spec.model.partition("/")[2]
     if served and name not in served:
         raise LMEndpointError(

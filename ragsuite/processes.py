@@ -51,6 +51,33 @@ def served_models(url: str, *, timeout: float = 5.0) -> list[str] | None:
     return [str(m.get("id")) for m in data or [] if isinstance(m, dict)]
 
 
+def model_entries(payload: object) -> list[dict[str, Any]]:
+    """The entries of a parsed ``/v1/models`` reply, checked to have OpenAI's shape: an object whose
+    ``data`` (absent: none) is a list of objects, each with a string ``id``.
+
+    Raises:
+        ValueError: another shape; the message names the part that is wrong.
+    """
+    if not isinstance(payload, dict):
+        raise ValueError(f"the reply is a JSON {_json_kind(payload)}, not an object")
+    data = payload.get("data", [])
+    if not isinstance(data, list):
+        raise ValueError(f"its 'data' is a JSON {_json_kind(data)}, not a list")
+    for number, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            raise ValueError(f"data[{number}] is a JSON {_json_kind(entry)}, not an object")
+        if not isinstance(entry.get("id"), str):
+            raise ValueError(f"data[{number}].id is a JSON {_json_kind(entry.get('id'))}, not a string")
+    return data
+
+
+def _json_kind(value: object) -> str:
+    """The JSON name of a parsed value's type (bool before int: a bool is an int)."""
+    kinds = ((bool, "boolean"), (int, "number"), (float, "number"), (str, "string"), (list, "array"))
+    fallback = "null" if value is None else "object"
+    return next((name for kind, name in kinds if isinstance(value, kind)), fallback)
+
+
 def wait_until_serving(
     process: subprocess.Popen[Any],
     url: str,
@@ -113,6 +140,7 @@ def running(args: Sequence[str], *, timeout: float = 10.0, **popen: Any) -> Iter
 
 __all__ = [
     "ProcessExitedError",
+    "model_entries",
     "running",
     "served_models",
     "stop_process",

@@ -90,18 +90,30 @@ def _engine_at(api_base: str, model: ModelFile) -> str:
     import urllib.error
     import urllib.request
 
+    from ragsuite.processes import model_entries
+
     try:
         with urllib.request.urlopen(f"{api_base}/models", timeout=10) as reply:
-            served = json.loads(reply.read()).get("data", [])
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+            payload = json.loads(reply.read())
+    except (urllib.error.URLError, OSError, ValueError, RecursionError) as exc:
         raise LocalServerError(
             f"cannot reach the local LM server at {api_base} ({getattr(exc, 'reason', exc)}); start it with "
             "`ragsuite serve --local`, or leave out --api-base to start one for this command"
         ) from None
-    for entry in served if isinstance(served, list) else []:
-        if isinstance(entry, dict) and entry.get("id") == model.name:
-            return _OWNERS.get(str(entry.get("owned_by")), str(entry.get("owned_by") or "unknown"))
-    names = ", ".join(str(e.get("id")) for e in served if isinstance(e, dict)) or "nothing"
+    try:
+        served = model_entries(payload)
+        for entry in served:
+            if not isinstance(entry.get("owned_by"), str | None):
+                raise ValueError(f"the owned_by of {entry['id']!r} is not a string")
+    except ValueError as exc:
+        raise LocalServerError(
+            f"the server at {api_base} answered GET /models with JSON that is not an OpenAI model list "
+            f"({exc}); is --api-base the address `ragsuite serve --local` printed?"
+        ) from None
+    for entry in served:
+        if entry["id"] == model.name:
+            return _OWNERS.get(entry.get("owned_by") or "", entry.get("owned_by") or "unknown")
+    names = ", ".join(entry["id"] for entry in served) or "nothing"
     raise LocalServerError(
         f"the server at {api_base} serves {names}, not {model.name} (the name carries the file's hash): "
         "it runs another model or another version of this one"
