@@ -436,8 +436,8 @@ def test_eval_async_engine_resumes_after_kill_9(tmp_path) -> None:
     import os
     import signal
 
+    from ragsuite.processes import stop_process
     from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
-    from ragsuite.testing.processes import stop_process
 
     examples = load_dataset("hotpotqa")[:8]
     gold = {ex.question: ex.answers[0] for ex in examples}
@@ -484,8 +484,8 @@ def test_eval_async_engine_sigterm_and_ctrl_c_keep_the_records_and_write_the_sum
 ) -> None:
     import signal
 
+    from ragsuite.processes import stop_process
     from ragsuite.testing.openai_server import LocalOpenAIServer
-    from ragsuite.testing.processes import stop_process
 
     examples = load_dataset("hotpotqa")[:8]
     gold = {ex.question: ex.answers[0] for ex in examples}

@@ -18,9 +18,9 @@ import pytest
 from ragsuite import bench
 from ragsuite.cli import main
 from ragsuite.errors import ConfigError
+from ragsuite.processes import stop_process
 from ragsuite.stats import bootstrap_ci, paired_test
 from ragsuite.testing.openai_server import LocalOpenAIServer
-from ragsuite.testing.processes import stop_process
 from ragsuite.testing.responders import grounded_responder
 
 ROOT = Path(__file__).resolve().parent.parent

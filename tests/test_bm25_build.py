@@ -16,10 +16,10 @@ import pytest
 
 from ragsuite.data.datasets import load_corpus, load_dataset
 from ragsuite.errors import ConfigError, DataError
+from ragsuite.processes import stop_process
 from ragsuite.retrieval import bm25_kernel
 from ragsuite.retrieval.base import Passage
 from ragsuite.retrieval.bm25 import BM25Retriever
-from ragsuite.testing.processes import stop_process
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 

@@ -19,8 +19,8 @@ import pytest
 
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
+from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
-from ragsuite.testing.processes import stop_process
 from ragsuite.testing.scripted import ScriptedRequest
 
 _OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)

@@ -342,15 +342,6 @@ def test_a_malformed_reply_costs_two_requests_for_one_stage_call(examples):
     assert "| 1.00 | 2.00 | 1.00 |" in format_table([result.summary])  # LM calls/q, requests/q, fallbacks/q
 
 
-def test_the_former_module_re_exports_every_public_name() -> None:
-    import ragsuite.evaluate as former
-    import ragsuite.evaluation as evaluation
-
-    assert former.__all__ == evaluation.__all__
-    for name in evaluation.__all__:
-        assert getattr(former, name) is getattr(evaluation, name), name
-
-
 def test_daemon_thread_pool_runs_cancels_and_never_blocks_exit() -> None:
     from concurrent.futures import CancelledError
 

@@ -397,7 +397,7 @@ def test_serve_local_starts_a_server_other_commands_reuse_and_ctrl_c_stops_it(
 
     from ragsuite.cli import main
     from ragsuite.local_lm.server import free_port
-    from ragsuite.testing.processes import stop_process
+    from ragsuite.processes import stop_process
 
     path = tiny_model(tmp_path / "m.gguf")
     env = {**os.environ, "RAGSUITE_LLAMA_SERVER": str(fake_llama_server(tmp_path)), "PYTHONUNBUFFERED": "1"}

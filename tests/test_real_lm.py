@@ -27,7 +27,7 @@ import pytest
 from ragsuite.cli import main
 from ragsuite.errors import MissingExtraError
 from ragsuite.local_lm.models import PACKAGED_MODELS, ModelFileError
-from ragsuite.testing.processes import stop_process
+from ragsuite.processes import stop_process
 
 pytestmark = [pytest.mark.real_lm, pytest.mark.slow]
 

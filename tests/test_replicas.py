@@ -24,8 +24,8 @@ from ragsuite.cli import main
 from ragsuite.errors import ConfigError
 from ragsuite.lm import build_lm, parse_lm_spec
 from ragsuite.lm_replicas import ReplicaLM
+from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
-from ragsuite.testing.processes import stop_process
 
 
 def free_port() -> int:

@@ -15,8 +15,8 @@ import pytest
 
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
+from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import LocalOpenAIServer
-from ragsuite.testing.processes import stop_process
 from ragsuite.testing.responders import grounded_responder
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -303,7 +303,7 @@ def test_a_report_fits_a_1280_px_window_with_readable_axes(runs, tmp_path):
 
 
 def test_a_run_label_names_only_the_knobs_changed_from_the_defaults(tmp_path):
-    from ragsuite.cli.report import load_run
+    from ragsuite.evaluation import load_run
     from ragsuite.programs.catalog import entry
 
     run = tmp_path / "run"

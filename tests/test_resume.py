@@ -15,8 +15,8 @@ import pytest
 
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
+from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
-from ragsuite.testing.processes import stop_process
 
 LIMIT = 8
 FAST = 4  # requests answered at once before the server starts hanging

@@ -14,10 +14,10 @@ import dspy
 import pytest
 
 from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.processes import stop_process
 from ragsuite.retrieval.base import Passage
 from ragsuite.retrieval.colbert.client import ColBERTv2Client
 from ragsuite.retrieval.server import RetrieverServer
-from ragsuite.testing.processes import stop_process
 
 CORPUS = [
     Passage("p1", "Hamlet", "Hamlet is a tragedy written by William Shakespeare."),

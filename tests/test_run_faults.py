@@ -33,9 +33,9 @@ from ragsuite.evaluation import (
     summarize,
 )
 from ragsuite.files import LOCK_FILE
+from ragsuite.processes import stop_process
 from ragsuite.programs.base import RAGProgram
 from ragsuite.testing.openai_server import LocalOpenAIServer
-from ragsuite.testing.processes import stop_process
 from ragsuite.testing.scripted import ScriptedLM
 
 QUESTIONS = [

@@ -18,7 +18,7 @@ import ragsuite
 from ragsuite.errors import ConfigError
 from ragsuite.optimizers import tune
 from ragsuite.optimizers.tuning import redact_storage, resolve_storage
-from ragsuite.testing.processes import stop_process
+from ragsuite.processes import stop_process
 from ragsuite.testing.responders import grounded_responder
 
 #: The Pareto plot needs the plot extra; without it only pareto.json is written.

@@ -24,7 +24,7 @@ from ragsuite.cli.tune import format_front
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.optimizers import optimization_metric, tune
 from ragsuite.optimizers.tuning import objective_values, resolve_storage
-from ragsuite.testing.processes import stop_process
+from ragsuite.processes import stop_process
 from ragsuite.testing.responders import grounded_responder
 
 

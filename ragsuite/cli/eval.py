@@ -228,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
     print(format_table([result.summary]))
     print(f"\nrecords: {args.out / 'records.jsonl'}  summary: {args.out / 'summary.json'}")
     if args.html is not None:
-        from ragsuite.cli.report import load_run
+        from ragsuite.evaluation import load_run
         from ragsuite.report_html import write_report
 
         size = write_report([load_run(args.out)], args.html)

@@ -50,6 +50,7 @@ from ragsuite.evaluation.store import (
     RecordLog,
     RunStore,
     json_text,
+    load_run,
     read_records,
     record_problem,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "format_table",
     "git_revision",
     "json_text",
+    "load_run",
     "package_versions",
     "read_records",
     "record_problem",

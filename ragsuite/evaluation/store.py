@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from typing import Any
 
 from ragsuite.errors import ConfigError, DataError
 from ragsuite.evaluation.manifest import CONFIG_KEYS, config_diff
+from ragsuite.evaluation.summary import summarize
 from ragsuite.files import atomic_open, atomic_write_text
 from ragsuite.lm import redact
 
@@ -244,3 +246,65 @@ def read_records(path: str | os.PathLike[str]) -> RecordLog:
         first_line[ex_id] = lineno
         result.records[ex_id], result.raw[ex_id] = record, line
     return result
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """A run's summary row, recomputed from ``records.jsonl`` when ``summary.json`` is missing (a killed run)
+    or unusable.
+
+    Record lines that cannot be used (torn by a kill, corrupt, of the wrong shape) are skipped, each named
+    on stderr with its ``file:line`` and why.
+
+    Raises:
+        DataError: ``run_dir`` holds no eval run manifest.
+    """
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / MANIFEST
+    if not manifest_path.is_file():
+        raise DataError(f"{run_dir} is not an eval run directory (no {MANIFEST})")
+    manifest = _read_object(manifest_path)
+    if manifest is None or not isinstance(manifest.get("dataset"), str):
+        raise DataError(
+            f"{manifest_path} is not an eval run manifest (no 'dataset'); is {run_dir} an eval run?"
+        )
+    row = _read_object(run_dir / SUMMARY) if (run_dir / SUMMARY).is_file() else None
+    if row is not None and not isinstance(row.get("metrics"), dict):
+        print(
+            f"warning: {run_dir / SUMMARY} has no 'metrics'; summarizing {RECORDS} instead", file=sys.stderr
+        )
+        row = None
+    if row is None:
+        records: list[dict[str, Any]] = []
+        if (run_dir / RECORDS).is_file():
+            found = read_records(run_dir / RECORDS)
+            for problem in found.problems:
+                print(f"warning: {problem}; skipped", file=sys.stderr)
+            records = list(found.records.values())
+        row = summarize(records, dataset=manifest["dataset"], total=manifest.get("n_examples"))
+    row["dataset"] = manifest["dataset"]
+    row["program"] = manifest.get("program", row.get("program", ""))
+    lm, knobs = manifest.get("lm"), manifest.get("knobs")
+    row["lm"] = lm.get("spec", row.get("lm", "")) if isinstance(lm, dict) else row.get("lm", "")
+    if isinstance(knobs, dict) and knobs:
+        from ragsuite.programs.catalog import changed_knobs
+
+        # The label names only the knobs set away from the program's defaults; --json keeps them all.
+        row["knobs"] = knobs
+        changed = changed_knobs(row["program"], knobs)
+        if changed:
+            row["program"] += " (" + ", ".join(f"{k}={v}" for k, v in changed.items()) + ")"
+    row["dir"] = str(run_dir)
+    return row
+
+
+def _read_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None (with a warning naming the file) for text that is not one."""
+    try:
+        value = json.loads(path.read_bytes())
+    except ValueError as exc:
+        print(f"warning: {path} is not valid JSON ({exc})", file=sys.stderr)
+        return None
+    if not isinstance(value, dict):
+        print(f"warning: {path} holds a JSON {type(value).__name__}, not an object", file=sys.stderr)
+        return None
+    return value

@@ -44,13 +44,14 @@ from ragsuite.errors import ConfigError
 from ragsuite.programs.base import DecisionKnob, RAGProgram, register
 from ragsuite.programs.pipeline import (
     DecisionMode,
+    aretrieve_recorded,
     arun_answer,
     check_decisions,
     check_int,
     check_threshold,
     merge_passages,
 )
-from ragsuite.programs.stages import BlendStage, FilterMode, FilterStage, aretrieve_traced
+from ragsuite.programs.stages import BlendStage, FilterMode, FilterStage
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 
@@ -149,7 +150,7 @@ class BlendFilter(RAGProgram):
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
-        first = await aretrieve_traced(self, ledger, question, self.top_k, query_kind="question")
+        first = await aretrieve_recorded(self, ledger, question, self.top_k, query_kind="question")
         stages = [
             (kind, stage)
             for kind, stage in (("external", self.blend_external), ("internal", self.blend_internal))
@@ -161,7 +162,7 @@ class BlendFilter(RAGProgram):
 
         queries = await concurrently(lambda item: blend(*item), stages)
         extra = await concurrently(
-            lambda item: aretrieve_traced(self, ledger, item[1], self.top_k, query_kind=item[0]), queries
+            lambda item: aretrieve_recorded(self, ledger, item[1], self.top_k, query_kind=item[0]), queries
         )
         kinds = ["question", *(kind for kind, _ in queries)]
         retrieved = [first, *extra]

@@ -48,6 +48,7 @@ from ragsuite.aio import invoke
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import DecisionKnob, RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import (
+    MAX_QUERY_CHARS,
     DecisionMode,
     agather,
     arun_answer,
@@ -66,9 +67,6 @@ if TYPE_CHECKING:
     from ragsuite.programs.stages import BlendStage, FilterStage
 
 logger = logging.getLogger("ragsuite.programs.deepnote")
-
-#: The official code truncates each step's retrieval text to this many characters.
-MAX_QUERY_CHARS = 500
 
 #: Unparsable QueryRefine output: no new query, so the step retrieves for the question alone.
 QUERY_REFINE_FALLBACK: dict[str, Any] = {"queries": []}

@@ -53,8 +53,8 @@ from ragsuite.aio import concurrently, in_thread
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
-from ragsuite.programs.pipeline import arun_answer, check_int
-from ragsuite.programs.stages import aretrieve_traced, join_query
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
+from ragsuite.programs.stages import join_query
 from ragsuite.retrieval.adapt import as_retriever
 from ragsuite.retrieval.base import Passage, Reranker, Retriever
 from ragsuite.retrieval.merge import interleave
@@ -183,7 +183,7 @@ class DiverseRerank(RAGProgram):
         ledger = self.start(question)
         retrievers = [self.retriever] + ([self.second_retriever] if self.second_retriever is not None else [])
         lists = await concurrently(
-            lambda item: aretrieve_traced(
+            lambda item: aretrieve_recorded(
                 self, ledger, question, self.pool_k, retriever=item[1], retriever_index=item[0]
             ),
             list(enumerate(retrievers)),

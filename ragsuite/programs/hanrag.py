@@ -36,6 +36,7 @@ from ragsuite.programs.base import DecisionKnob, RAGProgram, RunLedger, register
 from ragsuite.programs.pipeline import (
     ANSWER_FALLBACK,
     DecisionMode,
+    aretrieve_recorded,
     check_decisions,
     check_int,
     check_threshold,
@@ -47,7 +48,7 @@ from ragsuite.programs.pipeline import (
     merge_passages,
     salvage_yes_no,
 )
-from ragsuite.programs.stages import FilterMode, FilterStage, aretrieve_traced
+from ragsuite.programs.stages import FilterMode, FilterStage
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.hanrag import Decompose, EndCheck, RefineSeed, Route
@@ -324,7 +325,7 @@ class HANRAG(RAGProgram):
     ) -> tuple[str, list[Passage]]:
         """Algorithm 1: retrieve ``top_k`` for ``query``, filter, answer ``query`` from the first ``keep``
         kept passages. Returns the answer and the passages it was given."""
-        retrieved = await aretrieve_traced(self, ledger, query, self.top_k, **fields)
+        retrieved = await aretrieve_recorded(self, ledger, query, self.top_k, **fields)
         kept = await invoke(self.filter, self, ledger, query, retrieved, **fields)
         answer = await self._answer(
             ledger,

@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
-from ragsuite.aio import invoke, run_sync
+from ragsuite.aio import invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
@@ -197,24 +197,6 @@ async def ainterleave_reasoning(
         )
     ledger.record("stop", reason=reason, thoughts=len(thoughts), passages=len(collected))
     return list(collected.values()), thoughts
-
-
-def interleave_reasoning(
-    program: RAGProgram,
-    ledger: RunLedger,
-    question: str,
-    predictor: dspy.Predict,
-    *,
-    top_k: int,
-    max_steps: int,
-    max_passages: int,
-) -> tuple[list[Passage], list[str]]:
-    """:func:`ainterleave_reasoning`, synchronously."""
-    return run_sync(
-        ainterleave_reasoning(
-            program, ledger, question, predictor, top_k=top_k, max_steps=max_steps, max_passages=max_passages
-        )
-    )
 
 
 @register
@@ -490,7 +472,6 @@ __all__ = [
     "ainterleave_reasoning",
     "extract_answer",
     "first_sentence",
-    "interleave_reasoning",
     "is_reasoning_sentence",
     "reasoning_query",
 ]

@@ -18,12 +18,16 @@ from dspy.utils.exceptions import AdapterParseError
 from ragsuite.aio import invoke, run_sync
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger
-from ragsuite.retrieval.base import Passage
+from ragsuite.retrieval.base import Passage, Retriever
 
 logger = logging.getLogger("ragsuite.programs.pipeline")
 
 #: What the answer stage yields when the LM's reply cannot be parsed: an empty answer (scored as wrong).
 ANSWER_FALLBACK: dict[str, Any] = {"answer": ""}
+
+#: DeepNote's official code caps a retrieval query at 500 characters; DeepNote's step queries and
+#: :func:`~ragsuite.programs.stages.join_query` keep that cap.
+MAX_QUERY_CHARS = 500
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> int:
@@ -189,30 +193,25 @@ def merge_passages(groups: Sequence[Sequence[Passage]]) -> list[Passage]:
     return list(seen.values())
 
 
-def run_answer(
+async def aretrieve_recorded(
     program: RAGProgram,
     ledger: RunLedger,
+    query: str,
+    k: int,
     *,
-    source: str,
-    predictor: Callable[..., dspy.Prediction] | None = None,
-    **evidence: Any,
-) -> str:
-    """:func:`arun_answer`, synchronously."""
-    return run_sync(arun_answer(program, ledger, source=source, predictor=predictor, **evidence))
+    retriever: Retriever | None = None,
+    **fields: Any,
+) -> list[Passage]:
+    """``program.aretrieve`` plus a ``"retrieve"`` trace event with the query and passage ids.
 
-
-async def aretrieve_recorded(program: RAGProgram, ledger: RunLedger, query: str, k: int) -> list[Passage]:
-    """``program.aretrieve`` plus a ``"retrieve"`` trace event (``aretrieve`` itself records empty
-    results)."""
-    passages = await program.aretrieve(ledger, query, k)
+    An empty result is already recorded by ``program.aretrieve`` (with ``empty=True``), so it is not
+    recorded twice. ``retriever`` overrides the program's own; extra ``fields`` (e.g. ``sub_question=...``)
+    go into the event.
+    """
+    passages = await program.aretrieve(ledger, query, k, retriever=retriever)
     if passages:
-        ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages])
+        ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages], **fields)
     return passages
-
-
-def retrieve_recorded(program: RAGProgram, ledger: RunLedger, query: str, k: int) -> list[Passage]:
-    """:func:`aretrieve_recorded`, synchronously."""
-    return run_sync(aretrieve_recorded(program, ledger, query, k))
 
 
 async def agather(
@@ -259,6 +258,7 @@ def gather(
 
 __all__ = [
     "ANSWER_FALLBACK",
+    "MAX_QUERY_CHARS",
     "DecisionMode",
     "agather",
     "aretrieve_recorded",
@@ -274,7 +274,5 @@ __all__ = [
     "decision_value",
     "gather",
     "merge_passages",
-    "retrieve_recorded",
-    "run_answer",
     "salvage_yes_no",
 ]

@@ -33,8 +33,14 @@ import dspy
 from ragsuite.aio import concurrently, run_sync
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import STAGE_KINDS, RAGProgram, RunLedger
-from ragsuite.programs.pipeline import DecisionMode, check_decisions, check_threshold, decision_predictor
-from ragsuite.retrieval.base import Passage, Retriever, query_token_limit
+from ragsuite.programs.pipeline import (
+    MAX_QUERY_CHARS,
+    DecisionMode,
+    check_decisions,
+    check_threshold,
+    decision_predictor,
+)
+from ragsuite.retrieval.base import Passage, query_token_limit
 from ragsuite.signatures.answer import format_passages
 from ragsuite.signatures.blendfilter import BlendQueryExternal, BlendQueryInternal
 from ragsuite.signatures.hanrag import Filter, FilterBatch
@@ -43,44 +49,6 @@ logger = logging.getLogger("ragsuite.programs.stages")
 
 FilterMode = Literal["per_passage", "batch"]
 BlendWhich = Literal["both", "external", "internal"]
-
-#: DeepNote's official code caps a retrieval query at 500 characters; :func:`join_query` keeps that cap
-#: (BlendFilter's queries are fitted to the retriever instead, see :func:`blend_query`).
-MAX_QUERY_CHARS = 500
-
-
-async def aretrieve_traced(
-    program: RAGProgram,
-    ledger: RunLedger,
-    query: str,
-    k: int,
-    *,
-    retriever: Retriever | None = None,
-    **fields: Any,
-) -> list[Passage]:
-    """``program.aretrieve`` plus a ``"retrieve"`` trace event with the query and passage ids.
-
-    An empty result is already recorded by ``program.aretrieve`` (with ``empty=True``), so it is not
-    recorded twice. ``retriever`` overrides the program's own; extra ``fields`` (e.g. ``sub_question=...``)
-    go into the event.
-    """
-    passages = await program.aretrieve(ledger, query, k, retriever=retriever)
-    if passages:
-        ledger.record("retrieve", query=query, passage_ids=[p.id for p in passages], **fields)
-    return passages
-
-
-def retrieve_traced(
-    program: RAGProgram,
-    ledger: RunLedger,
-    query: str,
-    k: int,
-    *,
-    retriever: Retriever | None = None,
-    **fields: Any,
-) -> list[Passage]:
-    """:func:`aretrieve_traced`, synchronously."""
-    return run_sync(aretrieve_traced(program, ledger, query, k, retriever=retriever, **fields))
 
 
 def join_query(question: str, text: str, *, lead: str = "", max_chars: int = MAX_QUERY_CHARS) -> str:
@@ -405,9 +373,7 @@ __all__ = [
     "STAGE_TYPES",
     "BlendStage",
     "FilterStage",
-    "aretrieve_traced",
     "build_stage",
     "join_query",
     "parse_stage_flags",
-    "retrieve_traced",
 ]
