@@ -24,6 +24,10 @@ class RetrievalError(RagsuiteError, RuntimeError):
     """A retriever failed (unreachable server, error reply, corrupt index). Never means "no passages"."""
 
 
+class PortInUseError(RagsuiteError, OSError):
+    """A server could not be started: another process already listens on its port."""
+
+
 def installed_from_index(package: Path) -> bool:
     """Whether the ragsuite package folder ``package`` was installed from a package index: its metadata
     (``ragsuite-*.dist-info`` beside it in site-packages) has no ``direct_url.json``.

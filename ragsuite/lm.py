@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ragsuite.errors import ConfigError, RagsuiteError
-from ragsuite.offline import use_bundled_model_metadata
 from ragsuite.redaction import (
     PLACEHOLDER_KEY,
     redact,
@@ -198,6 +197,8 @@ def resolve_key(spec: LMSpec) -> str | None:
     Raises:
         ConfigError: when the key's variable is required and unset.
     """
+    if spec.local is not None and spec.local.api_key:
+        return spec.local.api_key  # the local server's own key: no web page can use the server without it
     if spec.api_key_env is None:
         return PLACEHOLDER_KEY if spec.api_base else None
     value = os.environ.get(spec.api_key_env)
@@ -270,7 +271,6 @@ def build_lm(
         >>> lm = build_lm("local")                      # the embedded local model, no key
     """
 
-    use_bundled_model_metadata()  # no download of a price map from a host the user did not name
     if retries < 0:
         raise ConfigError("retries must be >= 0")
     if timeout is not None and timeout <= 0:

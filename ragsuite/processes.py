@@ -17,9 +17,12 @@ import signal
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from ragsuite.network import held_by, listening_pids, port_taken_error
 
 
 class ProcessExitedError(RuntimeError):
@@ -37,11 +40,13 @@ def stop_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def served_models(url: str, *, timeout: float = 5.0) -> list[str] | None:
-    """The model ids an OpenAI-compatible server lists at ``url`` (``.../v1/models``); None while it does not
-    answer; ``[]`` when it answers 401/403 (it was started with a key, so it is up but will not list)."""
+def served_models(url: str, *, timeout: float = 5.0, api_key: str | None = None) -> list[str] | None:
+    """The model ids an OpenAI-compatible server lists at ``url`` (``.../v1/models``), asked with ``api_key``
+    where one is given; None while it does not answer; ``[]`` when it answers 401/403 (it was started with
+    another key, so it is up but will not list)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as reply:
             payload = json.loads(reply.read() or b"{}")
     except urllib.error.HTTPError as exc:
         return [] if exc.code in (401, 403) else None
@@ -85,26 +90,74 @@ def wait_until_serving(
     timeout: float,
     ready: Callable[[list[str]], bool] = lambda served: True,
     interval: float = 0.25,
+    port: int | None = None,
+    api_key: str | None = None,
 ) -> list[str]:
-    """Poll ``url`` (``.../v1/models``) until the listed model ids satisfy ``ready``; return them.
+    """Poll ``url`` (``.../v1/models``, asked with ``api_key``) until the listed model ids satisfy ``ready``;
+    return them.
+
+    With ``port``, what answers must also be ``process`` (or its process group) listening on that port:
+    another server on the port, even one listing the same model, is not ours.
 
     Raises:
         ProcessExitedError: the process exited first.
         TimeoutError: ``timeout`` seconds passed.
+        PortInUseError: another process answered on ``port``.
     """
     deadline = time.monotonic() + timeout
     while True:
         code = process.poll()
         if code is not None:
             raise ProcessExitedError(code)
-        served = served_models(url)
+        served = served_models(url, api_key=api_key)
         if served is not None and ready(served):
+            if port is not None:
+                owners = listening_pids(port)
+                if owners is not None and not held_by(owners, process.pid):
+                    raise port_taken_error(urllib.parse.urlsplit(url).hostname or "127.0.0.1", port)
             return served
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} did not serve within {timeout:g} s")
         # Waiting on the process doubles as the poll interval: an exit is seen at once.
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=interval)
+
+
+def wait_until_ready(
+    process: subprocess.Popen[Any],
+    url: str,
+    *,
+    server: str,
+    timeout: float,
+    error: Callable[[str], Exception],
+    ready: Callable[[list[str]], bool] = lambda served: True,
+    port: int | None = None,
+    interval: float = 0.25,
+    tail: Callable[[], str] | None = None,
+    api_key: str | None = None,
+) -> list[str]:
+    """:func:`wait_until_serving`, with its failures as ``error(message)``: a message naming ``server`` and,
+    where ``tail`` gives it, the server's last output. A port held by another process stays a
+    :class:`PortInUseError`.
+
+    Raises:
+        Exception: ``error(...)`` when the process exited first or ``timeout`` passed.
+        PortInUseError: another process answered on ``port``.
+    """
+
+    def output() -> str:  # read when it failed: the output it left by then
+        return f". Its last output:\n{tail()}" if tail is not None else "; see its output above"
+
+    try:
+        return wait_until_serving(
+            process, url, timeout=timeout, ready=ready, interval=interval, port=port, api_key=api_key
+        )
+    except ProcessExitedError as exc:
+        if port is not None and listening_pids(port):  # it could not bind: say who holds the port
+            raise port_taken_error(urllib.parse.urlsplit(url).hostname or "127.0.0.1", port) from None
+        raise error(f"{server} exited with code {exc.code} before serving{output()}") from None
+    except TimeoutError:
+        raise error(f"{server} did not serve at {url} within {timeout:g} s{output()}") from None
 
 
 def stop_process(process: subprocess.Popen[Any], *, timeout: float = 10.0, group: bool = False) -> int:
@@ -145,5 +198,6 @@ __all__ = [
     "served_models",
     "stop_process",
     "stop_with_parent",
+    "wait_until_ready",
     "wait_until_serving",
 ]

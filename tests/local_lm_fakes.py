@@ -2,7 +2,8 @@
 
 The stand-in takes llama-server's flags, serves ``/v1/models`` under ``--alias`` and answers chat
 completions with a fixed reply and exact usage, so the server lifecycle and the ``--lm local`` path can be
-tested without a model. ``FAKE_EXIT`` in its environment makes it exit at once, as a server whose model
+tested without a model. Like llama-server it reads a key from ``LLAMA_API_KEY`` and then answers only
+``/health`` without it. ``FAKE_EXIT`` in its environment makes it exit at once, as a server whose model
 fails to load does; ``FAKE_REPLY`` replaces the reply; ``FAKE_REQUESTS`` names a file that keeps each request.
 """
 
@@ -68,7 +69,8 @@ parser = argparse.ArgumentParser()
 for flag in ("--model", "--alias", "--host", "--port", "--ctx-size", "--parallel", "--threads"):
     parser.add_argument(flag)
 parser.add_argument("--threads-batch")
-for flag in ("--metrics", "--jinja", "--no-webui"):
+parser.add_argument("--cors-origins")
+for flag in ("--metrics", "--jinja", "--no-webui", "--no-cors-credentials"):
     parser.add_argument(flag, action="store_true")
 args = parser.parse_args()
 print("fake llama-server", " ".join(sys.argv[1:]), flush=True)
@@ -76,6 +78,7 @@ if os.environ.get("FAKE_EXIT"):
     print("error: failed to load model", flush=True)
     sys.exit(3)
 reply = os.environ.get("FAKE_REPLY", "[[ ## answer ## ]]\nParis\n\n[[ ## completed ## ]]")
+key = os.environ.get("LLAMA_API_KEY")
 totals = {{"prompt": 0, "completion": 0}}
 
 
@@ -91,7 +94,22 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _unauthorized(self):  # the pinned llama-server's rule: only /health is open without the key
+        if not key or self.path.split("?")[0] in ("/health", "/v1/health"):
+            return False
+        if self.headers.get("Authorization") == "Bearer " + key:
+            return False
+        data = json.dumps({{"error": {{"code": 401, "message": "Invalid API Key"}}}}).encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return True
+
     def do_GET(self):
+        if self._unauthorized():
+            return
         if self.path.startswith("/v1/models"):
             model = {{"id": args.alias, "object": "model", "owned_by": "llamacpp"}}
             self._send({{"object": "list", "data": [model]}})
@@ -104,6 +122,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send("\n".join(lines).encode(), "text/plain")
 
     def do_POST(self):
+        if self._unauthorized():
+            return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         if os.environ.get("FAKE_REQUESTS"):  # a file that keeps each request body, one JSON line each
             with open(os.environ["FAKE_REQUESTS"], "a") as log:

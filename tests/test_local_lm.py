@@ -164,7 +164,11 @@ def test_the_server_starts_serves_its_model_and_stops(tmp_path: Path, cache: Pat
     with server:
         process = server.process
         assert process is not None and process.poll() is None
-        with urllib.request.urlopen(f"{server.api_base}/models", timeout=10) as reply:
+        # The server requires its key on everything but /health, as the pinned llama-server does.
+        keyed = urllib.request.Request(
+            f"{server.api_base}/models", headers={"Authorization": f"Bearer {server.api_key}"}
+        )
+        with urllib.request.urlopen(keyed, timeout=10) as reply:
             assert json.loads(reply.read())["data"][0]["id"] == model.name
         command = server.command()
         assert command[command.index("--ctx-size") + 1] == str(2 * 8192)  # llama-server splits it per slot
@@ -390,7 +394,7 @@ def test_a_prompt_longer_than_the_window_is_refused_with_the_flag_to_raise_and_t
 
 
 def test_serve_local_starts_a_server_other_commands_reuse_and_ctrl_c_stops_it(
-    tmp_path: Path, cache: Path, capsys
+    tmp_path: Path, cache: Path, capsys, monkeypatch
 ) -> None:
     import signal
     import subprocess
@@ -400,6 +404,8 @@ def test_serve_local_starts_a_server_other_commands_reuse_and_ctrl_c_stops_it(
     from ragsuite.processes import stop_process
 
     path = tiny_model(tmp_path / "m.gguf")
+    # The key the server requires, given to both sides through the environment (none is printed then).
+    monkeypatch.setenv("RAGSUITE_LOCAL_API_KEY", "shared-test-key-0123")
     env = {**os.environ, "RAGSUITE_LLAMA_SERVER": str(fake_llama_server(tmp_path)), "PYTHONUNBUFFERED": "1"}
     port = free_port()
     command = [sys.executable, "-m", "ragsuite", "serve", "--local", str(path), "--port", str(port)]

@@ -73,7 +73,8 @@ def server_totals(server: Any) -> tuple[int, int]:
     and llama-server does not always count them as cached: a request's usage can exceed the evaluated count
     by those, never fall below it."""
     base = server.api_base.removesuffix("/v1")
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
+    request = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {server.api_key}"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
         text = reply.read().decode()
 
     def total(name: str) -> int:
@@ -282,7 +283,8 @@ def test_a_run_killed_midway_resumes_without_losing_or_repeating_a_question(
         "ragsuite",
         *eval_command(server, out, "vanilla", "hotpotqa", "--limit", "3"),
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Another process finds the server's key where `ragsuite serve --local` users put it.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAGSUITE_LOCAL_API_KEY": server.api_key}
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 600

@@ -7,6 +7,11 @@ llama.cpp, or by transformers where llama.cpp is not built) for other processes 
 vLLM is an external executable (``pip install -e '.[vllm]'`` on a GPU host, or any environment with a
 ``vllm`` command); ragsuite only launches and supervises it.
 
+Every server listens on loopback unless ``--allow-remote`` is given (:mod:`ragsuite.network` decides on the
+address ``--host`` resolves to, so ``0``, ``::0`` and ``0.0.0.0`` alike mean every interface). A server other
+machines can reach requires a key: the one in the environment (``VLLM_API_KEY``, ``RAGSUITE_LOCAL_API_KEY``),
+else a generated one, printed once and stored nowhere.
+
 With ``--replicas N`` it starts N servers of the same model on one host, replica ``i`` on its own GPUs
 (``CUDA_VISIBLE_DEVICES``: GPU ``i``, or GPUs ``i*TP .. i*TP+TP-1`` with ``--tensor-parallel-size TP``, taken
 from an existing ``CUDA_VISIBLE_DEVICES`` list when one is set) and port ``--port + i``, and prints the
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -32,7 +38,9 @@ import time
 from typing import Any
 
 from ragsuite.errors import ConfigError, MissingExtraError, RagsuiteError
-from ragsuite.processes import ProcessExitedError, stop_process, stop_with_parent, wait_until_serving
+from ragsuite.network import ListenAddress, check_port_free, listen_address, url_host
+from ragsuite.processes import stop_process, stop_with_parent, wait_until_ready
+from ragsuite.redaction import register_secret
 
 log = logging.getLogger("ragsuite.cli.serve")
 
@@ -61,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--build",
         action="store_true",
-        help="with --local: build llama.cpp's llama-server from the package index (once, a few minutes; "
-        "needs cmake and g++) and exit",
+        help="with --local: build llama.cpp's llama-server from the package index (once, with progress: "
+        "about 8 minutes on 2 quiet cores, up to 30 on a busy machine; needs cmake and g++) and exit",
     )
     parser.add_argument(
         "--list",
@@ -70,7 +78,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --local: list the packaged models and whether they are installed",
     )
     parser.add_argument("--served-model-name", help="name clients use (vllm's default: the --model value)")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default loopback)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to listen on (default loopback; any other needs --allow-remote, and every-interface "
+        "spellings such as 0.0.0.0 stay on loopback without it)",
+    )
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="let other machines reach the server on --host; it then requires a key (from the environment, "
+        "else generated and printed once)",
+    )
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     parser.add_argument("--tensor-parallel-size", type=int, help="GPUs to shard the model over")
     parser.add_argument(
@@ -114,9 +133,11 @@ def find_vllm(explicit: str | None) -> str:
     return found
 
 
-def vllm_command(args: argparse.Namespace, executable: str, *, port: int | None = None) -> list[str]:
+def vllm_command(
+    args: argparse.Namespace, executable: str, *, host: str, port: int | None = None
+) -> list[str]:
     port = args.port if port is None else port
-    command = [executable, "serve", args.model, "--host", args.host, "--port", str(port)]
+    command = [executable, "serve", args.model, "--host", host, "--port", str(port)]
     if args.served_model_name:
         command += ["--served-model-name", args.served_model_name]
     if args.tensor_parallel_size:
@@ -127,19 +148,47 @@ def vllm_command(args: argparse.Namespace, executable: str, *, port: int | None 
     return command + extra
 
 
-def wait_until_ready(process: subprocess.Popen[Any], url: str, *, timeout: float) -> list[str]:
-    """Wait until vLLM answers ``url`` (``/v1/models``); return the served model ids.
+def wait_for_vllm(process: subprocess.Popen[Any], url: str, *, port: int, timeout: float) -> list[str]:
+    """Wait until our vLLM answers ``url`` (``/v1/models``) on ``port``; return the served model ids.
 
     Raises:
         ServerStartError: the process exited first, or ``timeout`` passed.
+        PortInUseError: another process answered on ``port``.
     """
-    try:
-        return wait_until_serving(process, url, timeout=timeout, interval=0.5)
-    except ProcessExitedError as exc:
-        message = f"vllm exited with code {exc.code} before serving; see its output above"
-        raise ServerStartError(message) from None
-    except TimeoutError:
-        raise ServerStartError(f"vllm did not answer {url} within {timeout:.0f} s") from None
+    return wait_until_ready(
+        process, url, server="vllm", timeout=timeout, error=ServerStartError, port=port, interval=0.5
+    )
+
+
+def listen_for(args: argparse.Namespace) -> ListenAddress:
+    """Where the server listens (see :func:`ragsuite.network.listen_address`), saying so when an
+    every-interface ``--host`` was kept on loopback."""
+    listen = listen_address(args.host, allow_remote=args.allow_remote)
+    if listen.widened:
+        print(
+            f"--host {args.host} means every interface; listening on {listen.bind} only "
+            "(--allow-remote serves other machines, with a key)",
+            file=sys.stderr,
+        )
+    return listen
+
+
+def server_key(variable: str) -> tuple[str, bool]:
+    """The key a server others can reach requires: ``$variable``, else a generated one; and whether it was
+    generated (and so must be shown to the user, once)."""
+    given = os.environ.get(variable)
+    key = given or secrets.token_urlsafe(32)
+    register_secret(key)
+    return key, not given
+
+
+def show_key(key: str, variable: str) -> None:
+    """Print a generated key once, for the user to hand to the clients; it is kept nowhere else."""
+    print(
+        f"the server requires a key, shown here once and stored nowhere; where its clients run:\n"
+        f"  export {variable}={key}",
+        flush=True,
+    )
 
 
 def stop(process: subprocess.Popen[Any], *, grace: float = 20.0) -> int:
@@ -184,22 +233,29 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas > 1:
         return run_replicas(args)
     executable = find_vllm(args.vllm)
-    command = vllm_command(args, executable)
+    listen = listen_for(args)
+    command = vllm_command(args, executable, host=listen.bind)
+    env = dict(os.environ)
+    key, generated = server_key("VLLM_API_KEY") if listen.remote else (None, False)
+    if key:
+        env["VLLM_API_KEY"] = key  # vllm reads it from there: a key on its command line is visible to all
+    check_port_free(listen.bind, args.port)
     log.info("starting %s", " ".join(command))
     # Its own session/process group: Ctrl-C reaches us only, and we stop the server and its workers together.
     # If we are killed outright (SIGKILL) the kernel tells the server to stop too, so it is never orphaned.
-    process = subprocess.Popen(command, start_new_session=True, preexec_fn=stop_with_parent)
+    process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=stop_with_parent)
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    api_base = f"http://{host}:{args.port}/v1"
+    api_base = f"http://{url_host(listen.connect)}:{args.port}/v1"
     try:
-        served = wait_until_ready(process, f"{api_base}/models", timeout=args.startup_timeout)
+        served = wait_for_vllm(process, f"{api_base}/models", port=args.port, timeout=args.startup_timeout)
         name = args.served_model_name or (served[0] if served else args.model)
         print(f"vLLM is serving {name} at {api_base} (Ctrl-C stops it)", flush=True)
+        if key and generated:
+            show_key(key, "VLLM_API_KEY")
         print(f"use: --lm openai/{name} --api-base {api_base}", flush=True)
         print(f" or: --lm vllm:{name}@{api_base}", flush=True)
         code = process.wait()
@@ -226,8 +282,11 @@ def run_replicas(args: argparse.Namespace) -> int:
     devices = replica_devices(
         args.replicas, args.tensor_parallel_size or 1, os.environ.get("CUDA_VISIBLE_DEVICES")
     )
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    bases = [f"http://{host}:{args.port + i}/v1" for i in range(args.replicas)]
+    listen = listen_for(args)
+    key, generated = server_key("VLLM_API_KEY") if listen.remote else (None, False)
+    for i in range(args.replicas):
+        check_port_free(listen.bind, args.port + i)
+    bases = [f"http://{url_host(listen.connect)}:{args.port + i}/v1" for i in range(args.replicas)]
     processes: list[subprocess.Popen[Any]] = []
 
     def on_term(signum: int, frame: Any) -> None:
@@ -236,16 +295,20 @@ def run_replicas(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
         for i, gpus in enumerate(devices):
-            command = vllm_command(args, executable, port=args.port + i)
+            command = vllm_command(args, executable, host=listen.bind, port=args.port + i)
             log.info("replica %d on GPU %s: %s", i, gpus, " ".join(command))
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus}
+            env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, **({"VLLM_API_KEY": key} if key else {})}
             processes.append(
                 subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=stop_with_parent)
             )
         served: list[str] = []
         for i, (process, base) in enumerate(zip(processes, bases, strict=True)):
             try:
-                served = wait_until_ready(process, f"{base}/models", timeout=args.startup_timeout) or served
+                port = args.port + i
+                served = (
+                    wait_for_vllm(process, f"{base}/models", port=port, timeout=args.startup_timeout)
+                    or served
+                )
             except ServerStartError as exc:
                 raise ServerStartError(f"replica {i} (GPU {devices[i]}, {base}): {exc}") from None
         name = args.served_model_name or (served[0] if served else args.model)
@@ -255,6 +318,8 @@ def run_replicas(args: argparse.Namespace) -> int:
         )
         print(f"use: --lm openai/{name} {' '.join(f'--api-base {base}' for base in bases)}", flush=True)
         print(f" or: --lm vllm:{name}@{','.join(bases)}", flush=True)
+        if key and generated:
+            show_key(key, "VLLM_API_KEY")
         while True:
             for i, process in enumerate(processes):
                 code = process.poll()
@@ -277,6 +342,7 @@ def run_replicas(args: argparse.Namespace) -> int:
 def run_local(args: argparse.Namespace) -> int:
     """``serve --local``: build llama-server, list the packaged models, or serve one until Ctrl-C."""
     from ragsuite.local_lm import PACKAGED_MODELS, LocalServer, ModelFileError, resolve_model
+    from ragsuite.local_lm.server import CLIENT_KEY_ENV
 
     if args.build:
         from ragsuite.local_lm.build import build_llama_server
@@ -294,16 +360,20 @@ def run_local(args: argparse.Namespace) -> int:
         return 0
     spec = "local" if args.local == "local" else f"local:{args.local}"
     model = resolve_model(spec)
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    listen = listen_for(args)
+    # Always a key, on loopback too: llama-server answers any web origin, so the key is what keeps a page
+    # the user visits from using the model. Runs in other shells find it in $RAGSUITE_LOCAL_API_KEY.
+    key, generated = server_key(CLIENT_KEY_ENV)
     server = LocalServer(
         model,
         engine=args.local_engine,
         parallel=args.local_parallel or 1,
         ctx=args.local_ctx,
         threads=args.local_threads,
-        host=host,
+        host=listen.bind,
         port=args.port,
         startup_timeout=args.startup_timeout,
+        api_key=key,
     )
 
     def on_term(signum: int, frame: Any) -> None:
@@ -315,6 +385,8 @@ def run_local(args: argparse.Namespace) -> int:
         settings = ", ".join(f"{k} {v}" for k, v in server.settings.public().items())
         print(f"{server.engine} is serving {model.name} at {server.api_base} ({settings}; Ctrl-C stops it)")
         print(f"use: --lm {spec} --api-base {server.api_base}", flush=True)
+        if generated:
+            show_key(key, CLIENT_KEY_ENV)
         assert server.process is not None
         code = server.process.wait()
         print(f"the local LM server exited with code {code}; its log: {server.log_file}", file=sys.stderr)

@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ragsuite.local_lm.models import (
@@ -25,7 +25,7 @@ from ragsuite.local_lm.models import (
     ModelFileError,
     resolve_model,
 )
-from ragsuite.local_lm.server import ENGINES, LocalServer, LocalServerError, shared_server
+from ragsuite.local_lm.server import ENGINES, LocalServer, LocalServerError, server_key, shared_server
 
 #: What ``owned_by`` in a server's ``/v1/models`` says about the engine behind it.
 _OWNERS = {"llamacpp": "llama.cpp", "ragsuite-transformers": "transformers"}
@@ -44,6 +44,8 @@ class LocalEndpoint:
     model: ModelFile
     api_base: str
     engine: str
+    #: The key the server requires (see :class:`LocalServer`); never recorded.
+    api_key: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def served_name(self) -> str:
@@ -81,19 +83,23 @@ def local_endpoint(spec: str, *, api_base: str | None = None, **options: Any) ->
     """
     model = resolve_model(spec)
     if api_base:
-        return LocalEndpoint(model, api_base.rstrip("/"), _engine_at(api_base.rstrip("/"), model))
+        base = api_base.rstrip("/")
+        key = server_key(base)
+        return LocalEndpoint(model, base, _engine_at(base, model, key), api_key=key)
     server = shared_server(model, **{k: v for k, v in options.items() if v is not None})
-    return LocalEndpoint(model, server.api_base, server.engine)
+    return LocalEndpoint(model, server.api_base, server.engine, api_key=server.api_key)
 
 
-def _engine_at(api_base: str, model: ModelFile) -> str:
+def _engine_at(api_base: str, model: ModelFile, api_key: str | None = None) -> str:
     import urllib.error
     import urllib.request
 
     from ragsuite.processes import model_entries
 
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(f"{api_base}/models", timeout=10) as reply:
+        request = urllib.request.Request(f"{api_base}/models", headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as reply:
             payload = json.loads(reply.read())
     except (urllib.error.URLError, OSError, ValueError, RecursionError) as exc:
         raise LocalServerError(

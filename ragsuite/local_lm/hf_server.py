@@ -12,6 +12,12 @@ sends, one at a time:
 - ``GET /metrics``: the totals of prompt and generated tokens and of requests, under llama.cpp's metric names,
   so a run's ledger can be checked against the server's own count.
 
+Like llama-server it answers only its own client: with a key in ``$LLAMA_API_KEY`` (which
+:class:`~ragsuite.local_lm.server.LocalServer` always sets) every request but ``GET /health`` must
+carry ``Authorization: Bearer KEY``; and a request from a web page of another origin (an ``Origin`` header
+that is not a loopback one) is refused (403), with no CORS headers in any reply, so a page the user visits
+can neither use the model nor read it.
+
 A prompt longer than the context window is refused (HTTP 400, naming ``--local-ctx``); one that fits gets at
 most the room that is left for its completion (``finish_reason: length`` says it was cut).
 
@@ -23,11 +29,15 @@ Run by :class:`ragsuite.local_lm.server.LocalServer`; by hand::
 from __future__ import annotations
 
 import argparse
+import hmac
+import ipaddress
 import json
 import math
 import os
+import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +45,24 @@ from typing import Any
 
 #: Largest request body accepted: a prompt of this size could never fit a local context window.
 MAX_BODY = 8 << 20
+#: What may be asked without the key, as the pinned llama-server allows: the liveness check.
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+
+def is_loopback_origin(origin: str) -> bool:
+    """Whether a browser's ``Origin`` header names a page served from this machine's loopback."""
+    try:
+        host = urllib.parse.urlsplit(origin.strip()).hostname
+    except ValueError:
+        return False
+    if not host:
+        return False  # "null" (a sandboxed page, a file) and malformed origins
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class RequestError(ValueError):
@@ -204,9 +232,28 @@ def _sample(logits: Any, *, temperature: float, top_p: float, generator: Any) ->
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
 
 
-def _handler(generator: Generator) -> type[BaseHTTPRequestHandler]:
+def _handler(generator: Generator, *, api_key: str | None = None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def _refused(self) -> bool:
+            """Answer a request from another origin (403) or without the key (401); True when refused."""
+            origin = self.headers.get("Origin")
+            if origin is not None and not is_loopback_origin(origin):
+                self._error(403, f"requests from the web origin {origin} are refused", "permission_error")
+                return True
+            path = self.path.split("?", 1)[0].rstrip("/")
+            if api_key and not (self.command == "GET" and path in PUBLIC_PATHS):
+                given = self.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                    self._error(401, "Invalid API Key", "authentication_error")
+                    return True
+            return False
+
+        def do_OPTIONS(self) -> None:
+            # A CORS preflight: never granted, so a browser sends no cross-origin request that needs one.
+            if not self._refused():
+                self._error(405, "CORS preflight requests are not served", "permission_error")
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # one line per request would drown the useful output
@@ -223,6 +270,8 @@ def _handler(generator: Generator) -> type[BaseHTTPRequestHandler]:
             self._send(status, {"error": {"message": message, "type": kind, "code": status}})
 
         def do_GET(self) -> None:
+            if self._refused():
+                return
             path = self.path.split("?", 1)[0].rstrip("/")
             if path in ("/v1/models", "/models"):
                 self._send(
@@ -249,6 +298,9 @@ def _handler(generator: Generator) -> type[BaseHTTPRequestHandler]:
                 self._error(404, f"no such endpoint: {path}", "not_found_error")
 
         def do_POST(self) -> None:
+            if self._refused():
+                self.close_connection = True  # its body is left unread
+                return
             path = self.path.split("?", 1)[0].rstrip("/")
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
@@ -298,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     generator = Generator(args.model, name=args.name, ctx=args.ctx, threads=args.threads)
-    server = ThreadingHTTPServer((args.host, args.port), _handler(generator))
+    from ragsuite.local_lm.server import SERVER_KEY_ENV
+
+    handler = _handler(generator, api_key=os.environ.get(SERVER_KEY_ENV) or None)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family})
+    server = server_class((args.host, args.port), handler)
     server.daemon_threads = True
     loaded = time.monotonic() - started
     print(f"serving {args.name} on http://{args.host}:{args.port}/v1 (loaded in {loaded:.0f} s)", flush=True)

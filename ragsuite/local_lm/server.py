@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -46,7 +47,9 @@ from typing import Any, Literal
 
 from ragsuite.errors import ConfigError, MissingExtraError, RagsuiteError
 from ragsuite.local_lm.models import ModelFile
+from ragsuite.network import check_port_free, client_host, url_host
 from ragsuite.processes import stop_process, stop_with_parent
+from ragsuite.redaction import register_secret
 
 log = logging.getLogger("ragsuite.local_lm")
 
@@ -55,6 +58,11 @@ ENGINES: tuple[str, ...] = ("auto", "llama.cpp", "transformers")
 #: Largest context window given to one slot unless --local-ctx asks for more.
 MAX_DEFAULT_CTX = 8192
 LLAMA_SERVER_ENV = "RAGSUITE_LLAMA_SERVER"
+#: The variable the server reads its key from (llama-server's own name for it; the transformers engine reads
+#: the same): a key on the command line would be visible to every user in the process list.
+SERVER_KEY_ENV = "LLAMA_API_KEY"
+#: Where a run finds the key of a server that ``ragsuite serve --local`` started in another process.
+CLIENT_KEY_ENV = "RAGSUITE_LOCAL_API_KEY"
 
 
 class LocalServerError(RagsuiteError, RuntimeError):
@@ -180,11 +188,15 @@ class LocalServer:
         parallel: Requests served at once (llama.cpp slots; the transformers engine serves one at a time).
         ctx: Context tokens per slot (default: the model's, capped at 8,192).
         threads: CPU threads of the server, shared by its slots (default: the usable cores less one).
-        host: Interface to listen on (loopback by default: the server has no key).
+        host: Interface to listen on (loopback by default; :func:`ragsuite.network.listen_address` decides
+            what the CLI passes).
         port: Port; 0 picks a free one.
         startup_timeout: Seconds to wait for the model to load.
         llama_server: An explicit ``llama-server`` executable.
         log_file: Where the server's own output goes (default: ``<cache>/local-lm/<name>-<port>.log``).
+        api_key: The key every request but ``/health`` and ``/v1/models`` must carry (default: a random one
+            for this server): a web page the user visits cannot use the server without it. Handed to the
+            server in its environment, never on its command line or in a file.
 
     Example:
         >>> with LocalServer(resolve_model("local"), parallel=2) as server:
@@ -205,6 +217,7 @@ class LocalServer:
         startup_timeout: float = 900.0,
         llama_server: str | os.PathLike[str] | None = None,
         log_file: Path | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.model = model
         self.engine, self._executable = resolve_engine(engine, llama_server)
@@ -214,6 +227,8 @@ class LocalServer:
         self.startup_timeout = startup_timeout
         self.log_file = log_file
         self.process: subprocess.Popen[bytes] | None = None
+        self.api_key = api_key or secrets.token_urlsafe(32)
+        register_secret(self.api_key)
 
     @property
     def served_name(self) -> str:
@@ -221,7 +236,11 @@ class LocalServer:
 
     @property
     def api_base(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        return f"http://{url_host(client_host(self.host))}:{self.port}/v1"
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: ours, with its key."""
+        return {**os.environ, SERVER_KEY_ENV: self.api_key}
 
     def command(self) -> list[str]:
         """The server's command line."""
@@ -241,6 +260,10 @@ class LocalServer:
                 "--metrics",
                 "--jinja",
                 "--no-webui",
+                # No web page may read a reply: CORS headers for loopback pages only, never credentials
+                # (llama-server's default reflects every origin, with credentials).
+                "--cors-origins", "localhost",
+                "--no-cors-credentials",
             ]  # fmt: skip
         return [
             sys.executable, "-m", "ragsuite.local_lm.hf_server",
@@ -259,7 +282,9 @@ class LocalServer:
         Raises:
             LocalServerError: the process exited or did not become ready within ``startup_timeout``; the
                 message carries the last lines of its output.
+            PortInUseError: another process listens on the port.
         """
+        check_port_free(self.host, self.port)
         if self.log_file is None:
             from ragsuite.paths import cache_dir
 
@@ -273,6 +298,7 @@ class LocalServer:
             self.process = subprocess.Popen(
                 self.command(),
                 stdin=subprocess.DEVNULL,
+                env=self.environment(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # the run's Ctrl-C reaches us; we stop the server in order
@@ -283,26 +309,24 @@ class LocalServer:
         except BaseException:
             self.stop()
             raise
+        _keys[self.api_base] = self.api_key
         return self
 
     def _wait_until_ready(self) -> None:
-        from ragsuite.processes import ProcessExitedError, wait_until_serving
+        from ragsuite.processes import wait_until_ready
 
         assert self.process is not None
-        url = f"http://{self.host}:{self.port}/v1/models"
-        try:
-            serving = lambda served: self.served_name in served  # noqa: E731
-            wait_until_serving(self.process, url, timeout=self.startup_timeout, ready=serving)
-        except ProcessExitedError as exc:
-            raise LocalServerError(
-                f"the local LM server ({self.engine}) exited with code {exc.code} before serving "
-                f"{self.served_name}. Its last output:\n{self.tail()}"
-            ) from None
-        except TimeoutError:
-            raise LocalServerError(
-                f"the local LM server ({self.engine}) did not serve {self.served_name} within "
-                f"{self.startup_timeout:g} s. Its last output:\n{self.tail()}"
-            ) from None
+        wait_until_ready(
+            self.process,
+            f"{self.api_base}/models",
+            server=f"the local LM server ({self.engine}, {self.served_name})",
+            timeout=self.startup_timeout,
+            error=LocalServerError,
+            ready=lambda served: self.served_name in served,
+            port=self.port,
+            tail=self.tail,
+            api_key=self.api_key,
+        )
 
     def tail(self, lines: int = 15) -> str:
         """The last lines of the server's output."""
@@ -316,6 +340,7 @@ class LocalServer:
         process, self.process = self.process, None
         if process is None:
             return
+        _keys.pop(self.api_base, None)
         stop_process(process, timeout=timeout)
 
     def __enter__(self) -> LocalServer:
@@ -323,6 +348,19 @@ class LocalServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# The keys of the servers this process started, by API base: a run in this process that is handed such a
+# server's --api-base finds its key here.
+_keys: dict[str, str] = {}
+
+
+def server_key(api_base: str) -> str | None:
+    """The key of the local server at ``api_base``: one this process started, else ``$RAGSUITE_LOCAL_API_KEY``
+    (the key ``ragsuite serve --local`` printed); None when there is neither."""
+    key = _keys.get(api_base.rstrip("/")) or os.environ.get(CLIENT_KEY_ENV) or None
+    register_secret(key)
+    return key
 
 
 # One server per (model, engine, settings) in a process: stage LMs and repeated build_lm calls share it.
@@ -361,6 +399,7 @@ __all__ = [
     "find_llama_server",
     "plan_settings",
     "resolve_engine",
+    "server_key",
     "shared_server",
     "stop_shared_servers",
     "usable_cores",
