@@ -176,7 +176,7 @@ def resolve_model(spec: str) -> ModelFile:
 def _assemble(model: PackagedModel) -> ModelFile:
     target = models_dir() / f"{model.name}-{model.sha256[:12]}.gguf"
     stamp = target.with_suffix(".verified")
-    sweep_partials(target.parent)
+    _sweep_partials(target.parent)
     if target.is_file() and _vouched_sha256(stamp, target) == model.sha256:
         return ModelFile(target.stem, target, model.sha256, read_gguf_metadata(target))
     if target.is_file():
@@ -272,7 +272,7 @@ def _memoized_sha256(path: Path) -> str:
 _PARTIAL = re.compile(r"\.part(\d+)$")
 
 
-def sweep_partials(folder: Path) -> list[Path]:
+def _sweep_partials(folder: Path) -> list[Path]:
     """Delete the partial joins (``*.part<pid>``) in ``folder`` whose process is gone: a join killed with
     kill -9 or by a power cut leaves hundreds of MB behind. A partial of a live process is a join in
     progress and is kept. Returns the deleted files.
