@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ragsuite.errors import ConfigError, RagsuiteError
+from ragsuite.offline import use_bundled_model_metadata
 from ragsuite.redaction import (
     PLACEHOLDER_KEY,
     redact,
@@ -271,6 +272,7 @@ def build_lm(
         >>> lm = build_lm("local")                      # the embedded local model, no key
     """
 
+    use_bundled_model_metadata()  # no download of a price map from a host the user did not name
     if retries < 0:
         raise ConfigError("retries must be >= 0")
     if timeout is not None and timeout <= 0:

@@ -6,20 +6,30 @@ on a planted world served by a local OpenAI-compatible server:
 * an unparsable NoteCompare verdict is a negative, not a lost reply;
 * answer pairs follow the script's string rules (``LLM_score_rag``) as well as the metric;
 * judges see every reply, those that break the stage's format included;
-* a reply parsed by DSPy's JSON-adapter retry keeps the prompt it answered;
+* a reply parsed by DSPy's JSON-adapter retry keeps the prompt it answered, and a pair never mixes it with
+  a reply to the stage's own prompt, chosen or rejected;
 * the script's budgets: replies up to 1,024 tokens, the judge at temperature 1.0, top_p 0.9, 1,280 tokens.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import dspy
 import pytest
 
-from ragsuite.align.builder import official_answer_labels, sample_questions, sample_stage
-from ragsuite.align.pairs import PreferencePair
+from ragsuite.align.builder import (
+    MIXED_PROMPTS,
+    Built,
+    _draw_pair,
+    official_answer_labels,
+    sample_questions,
+    sample_stage,
+)
+from ragsuite.align.pairs import PreferencePair, Sample
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
 from ragsuite.testing.openai_server import LocalOpenAIServer
@@ -30,8 +40,8 @@ N = 4
 EXAMPLES = sample_questions(load_dataset(DATASET), N, seed=0)
 #: Q_JUDGE_UNPARSABLE: the note judge replies with no numbers. Q_NO_WORST: the query judge names a worst
 #: out of range; its answers contain the gold answer without equalling it. Q_LONG: every answer contains the
-#: gold answer; a note parses only on DSPy's JSON retry and the judge prefers it. Q_BROKEN: some replies break
-#: the stage's format.
+#: gold answer; a note parses only on DSPy's JSON retry and the judge prefers it; a query set parses only on
+#: the retry and the judge names it the worst. Q_BROKEN: some replies break the stage's format.
 Q_JUDGE_UNPARSABLE, Q_NO_WORST, Q_LONG, Q_BROKEN = (ex.question for ex in EXAMPLES)
 GOLD = {ex.question: ex.answers[0] for ex in EXAMPLES}
 BROKEN_NOTE = "BROKEN note written without its field header"
@@ -80,6 +90,8 @@ def planted(request: ScriptedRequest) -> dict | str:
     if "queries" in fields:
         if question == Q_BROKEN and setting == (0.1, 0.5):
             return BROKEN_QUERIES
+        if question == Q_LONG and setting == (0.5, 0.9) and not is_json_retry(request):
+            return "a reply the chat format cannot read"
         return {"queries": [f"first query {tag(request)}", f"second query {tag(request)}"]}
     if "updated_note" in fields:
         return {"updated_note": f"updated {tag(request)}"}
@@ -163,7 +175,9 @@ def test_pairs_per_stage_as_the_official_script_builds_them(world: dict) -> None
     }
     # Before: note_init 3, query_refine 1 (the unparsable verdict stopped Q_JUDGE_UNPARSABLE's chain),
     # note_update 0 (every negative verdict was unparsable), answer 2 (no rule-labelled pairs).
-    assert counts == {"note_init": 3, "query_refine": 2, "note_update": 4, "answer": 4}
+    # Q_LONG gives no note_init or query_refine pair: each mixed a reply to the JSON retry's prompt with one
+    # to the stage's own.
+    assert counts == {"note_init": 2, "query_refine": 1, "note_update": 4, "answer": 4}
 
 
 def test_an_unparsable_judge_carries_the_last_note_forward_and_the_chain_goes_on(world: dict) -> None:
@@ -227,11 +241,54 @@ def test_the_judge_sees_every_reply_including_those_that_break_the_format(world:
     assert record["stats"]["unparsable"] >= 3  # the broken note, query set and answers are counted
 
 
-def test_a_reply_parsed_on_the_json_retry_keeps_the_prompt_it_answered(world: dict) -> None:
-    (init,) = pairs(world, Q_LONG, "note_init")
-    assert init.chosen_setting == (0.5, 0.9) and JSON_NOTE in init.chosen
-    assert json.loads(init.chosen) == {"note": JSON_NOTE}
-    assert "Outputs will be a JSON object" in init.prompt[0]["content"]
+def test_a_reply_parsed_on_the_json_retry_keeps_the_prompt_it_answered() -> None:
+    def respond(request: ScriptedRequest) -> str:
+        return json.dumps({"note": JSON_NOTE}) if is_json_retry(request) else "not the chat format"
+
+    with dspy.context(lm=ScriptedLM(respond)):
+        (sample,) = sample_stage(dspy.Predict("question -> note"), {"question": "q"}, [(0.5, 0.9)])
+    assert sample.ok and json.loads(sample.completion) == {"note": JSON_NOTE}
+    assert "Outputs will be a JSON object" in sample.messages[0]["content"]
+
+
+def test_a_judged_pair_never_mixes_the_json_retry_s_prompt_with_the_stage_s_own(world: dict) -> None:
+    record = world["records"][Q_LONG]
+    # Chosen on the retry's prompt, rejected on the stage's own: no pair, and the chosen note goes on.
+    assert pairs(world, Q_LONG, "note_init") == []
+    assert record["dropped"]["note_init"] == MIXED_PROMPTS
+    refined = [
+        r for r in world["requests"] if "queries" in r.output_fields and r.inputs["question"] == Q_LONG
+    ]
+    assert refined and all(JSON_NOTE in r.inputs["best_note"] for r in refined)
+    # Rejected on the retry's prompt (the judge's worst query set parsed only there): no pair either.
+    assert pairs(world, Q_LONG, "query_refine") == []
+    assert record["dropped"]["query_refine"] == MIXED_PROMPTS
+    for question in GOLD:
+        for pair in (PreferencePair.from_dict(p) for p in world["records"][question]["pairs"]):
+            assert "Outputs will be a JSON object" not in pair.prompt[0]["content"]
+
+
+def test_a_drawn_pair_takes_its_rejected_reply_on_the_chosen_reply_s_prompt() -> None:
+    own, retry = [{"role": "user", "content": "own"}], [{"role": "user", "content": "retry"}]
+    chosen = Sample(setting=(0.1, 0.1), messages=own, completion="good", values={"a": "good"})
+    on_retry = Sample(setting=(0.5, 0.5), messages=retry, completion='{"a": "bad"}', values={"a": "bad"})
+    on_own = Sample(setting=(0.9, 0.9), messages=own, completion="bad", values={"a": "bad"})
+    for seed in range(8):
+        built = Built()
+        job = SimpleNamespace(rng=random.Random(seed), question_id="q1")
+        _draw_pair("answer", job, [chosen], [on_retry, on_own], built, label="metric")
+        (pair,) = built.pairs
+        assert pair.prompt == own and pair.rejected == "bad"
+    built = Built()
+    _draw_pair(
+        "answer",
+        SimpleNamespace(rng=random.Random(0), question_id="q1"),
+        [chosen],
+        [on_retry],
+        built,
+        label="m",
+    )
+    assert built.pairs == [] and built.dropped == {"answer": MIXED_PROMPTS}
 
 
 def test_the_official_sampling_budgets(world: dict) -> None:

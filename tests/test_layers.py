@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ragsuite"
 #: never a part of its own layer or of a layer above. A part is a top-level module or subpackage of ragsuite.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"network"},
+    {"offline", "network"},
     {"paths", "redaction", "files", "processes", "passages", "aio", "stats", "tables", "lm_client", "assets"},
     {"data", "local_lm"},
     {"retrieval", "lm_replicas"},

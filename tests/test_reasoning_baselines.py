@@ -7,6 +7,7 @@ import dspy
 import pytest
 
 from ragsuite import programs
+from ragsuite.programs import notes_and_thoughts
 from ragsuite.programs.ircot import AdaptiveRAG, IRCoT
 from ragsuite.programs.notes_and_thoughts import RAT, ChainOfNote
 from ragsuite.programs.stages import join_query
@@ -299,6 +300,25 @@ def test_rat_revises_at_most_the_authors_three_chunks_and_drops_short_pieces() -
     assert len(stage_requests(lm, "revised_step")) == 3 and prediction.stats["lm_calls"] == 1 + 3 + 1
     event = next(e for e in prediction.trace if e["stage"] == "draft")
     assert event["too_short"] == ["## 1", "ok."] and len(event["dropped"]) == 6
+
+
+@pytest.mark.parametrize(
+    "thoughts", [[], ["## 1", "ok."], "[[ ## nothing ## ]]"], ids=["empty", "only-short", "unparsable"]
+)
+def test_rat_without_a_draft_makes_no_step_and_answers_nothing(thoughts) -> None:
+    # The authors' loop runs over the draft's paragraphs: with none it retrieves and revises nothing and
+    # the answer stays "".
+    retriever = fresh(1)
+    lm = scripted(thoughts=thoughts, revised_step="revised")
+    prediction = run(RAT(retriever=retriever, top_k=1), lm)
+    assert retriever.queries == [] and prediction.answer == "" and prediction.thoughts == []
+    assert stage_requests(lm, "revised_step") == [] and stage_requests(lm, "answer") == []
+    assert prediction.stats["retrievals"] == 0 and prediction.passages == []
+    answer = next(e for e in prediction.trace if e["stage"] == "answer")
+    assert answer == {"stage": "answer", "source": "none", "answer": ""}
+    documented = " ".join(notes_and_thoughts.__doc__.split())
+    assert "An empty or unparsable draft makes no step" in documented
+    assert "the notebook revises every paragraph" in documented
 
 
 # ----------------------------------------------------------------------------- DeepNote's ablations

@@ -14,6 +14,7 @@ import pytest
 from ragsuite import programs
 from ragsuite.errors import ConfigError
 from ragsuite.lm import build_lm, describe_lm_failure
+from ragsuite.programs import self_rag
 from ragsuite.programs.self_rag import SelfRAG, clean_generation
 from ragsuite.retrieval.base import Passage
 from ragsuite.testing import ScriptedLM
@@ -124,6 +125,32 @@ def test_retrieval_is_skipped_when_p_retrieve_is_below_the_threshold():
     # The same checkpoint under a lower threshold retrieves.
     prediction, retriever, requests = run_self_rag(p_retrieve=0.15, threshold=0.1)
     assert retriever.queries == [QUESTION] and len(requests) == 4
+
+
+def test_neither_retrieval_token_among_the_alternatives_scores_both_as_missing_and_retrieves():
+    # run_short_form.py gives a reflection token missing from the alternatives -100: both missing make
+    # P([Retrieval]) 0.5, above delta 0.2, whatever the checkpoint wrote (here a word, no reflection token).
+    def respond(request):
+        if "<paragraph>" in request.prompt:
+            return self_rag_reply(*CANDIDATES["text 1"])
+        return self_rag_reply("Steven Spielberg")
+
+    retriever = ListRetriever(CORPUS, lambda query, k: [f"p{i}" for i in range(k)])
+    with LocalOpenAIServer(respond, model="selfrag_llama2_7b") as server:
+        lm = build_lm("openai/selfrag_llama2_7b", api_base=server.api_base, cache=False, retries=0)
+        with dspy.context(lm=lm):
+            prediction = SelfRAG(retriever=retriever, top_k=2)(question=QUESTION)
+            above = SelfRAG(retriever=retriever, top_k=2, threshold=0.6)(question=QUESTION)
+    decide = next(e for e in prediction.trace if e["stage"] == "decide")
+    assert decide == {"stage": "decide", "retrieve": True, "p_retrieve": 0.5}
+    assert retriever.queries == [QUESTION] and prediction.answer == "Steven Spielberg"
+    # The same 0.5 against a threshold above it: no retrieval.
+    assert next(e for e in above.trace if e["stage"] == "decide")["retrieve"] is False
+    assert above.stats["retrievals"] == 0
+    documented = " ".join(self_rag.__doc__.split())
+    assert "[No Retrieval] is among the alternatives, both get -100 and the retrieval probability is 0.5" in (
+        documented
+    )
 
 
 def test_lm_that_is_not_a_served_checkpoint_is_refused_naming_the_prompted_variant():

@@ -41,9 +41,13 @@ Differences from the original (paper says / code does / ragsuite does / why):
   chosen reply breaks it is dropped ("the chosen reply breaks the stage's format"), and a random draw picks
   its chosen reply among the replies that parse / training towards replies the program cannot read would
   teach the model to break its own prompts.
-* **JSON-adapter retries**: no such retry in the script / - / a reply that only DSPy's JSON-adapter retry
-  parsed keeps the retry's prompt (the one it answered), which is its pair's prompt when it is chosen /
-  the reply belongs with the prompt that produced it.
+* **JSON-adapter retries**: no such retry in the script (every pair's replies answer one prompt) / - / a
+  reply that only DSPy's JSON-adapter retry parsed keeps the retry's prompt (the one it answered), and a
+  pair holds two replies to one prompt: a judged pair whose chosen and rejected replies answered different
+  prompts (one the retry's, one the stage's own) is dropped ("the chosen and rejected replies answer
+  different prompts"), and a random draw takes its rejected reply among those that answered the chosen
+  reply's prompt / a reply belongs with the prompt that produced it, and DPO compares two replies under one
+  prompt; rewriting the rejected reply in the other prompt's format would train on text the LM never wrote.
 * **empty replies**: the script draws a pair's replies at random and then drops the pair when the drawn
   one is empty / ragsuite leaves empty replies out of the draw / the script's draw loses pairs by chance.
 * **NoteCompare's reference note**: the paper compares each update with the question's best note / the
@@ -272,13 +276,20 @@ def _usable(samples: Sequence[Sample], built: Built, *, field: str | None = None
     return ok
 
 
+#: Why a pair is dropped when its two replies answered different prompts.
+MIXED_PROMPTS = "the chosen and rejected replies answer different prompts"
+
+
 def _add_pair(stage: str, job: Job, chosen: Sample, rejected: Sample, built: Built, *, label: str) -> None:
-    """Add ``chosen`` over ``rejected`` under the prompt the chosen reply answered; a chosen reply the program
-    cannot parse is no example to train towards, and an empty rejected reply is no contrast."""
+    """Add ``chosen`` over ``rejected`` under the prompt both replies answered; a chosen reply the program
+    cannot parse is no example to train towards, an empty rejected reply is no contrast, and a reply that
+    answered another prompt (DSPy's JSON-adapter retry) is no reply to this one."""
     if not chosen.ok:
         built.dropped[stage] = "the chosen reply breaks the stage's format"
     elif not rejected.completion.strip():
         built.dropped[stage] = "the rejected reply is empty"
+    elif rejected.messages != chosen.messages:
+        built.dropped[stage] = MIXED_PROMPTS
     else:
         built.pairs.append(pair_of(stage, job.question_id, chosen, rejected, label=label))
 
@@ -286,13 +297,18 @@ def _add_pair(stage: str, job: Job, chosen: Sample, rejected: Sample, built: Bui
 def _draw_pair(
     stage: str, job: Job, positives: list[Sample], negatives: list[Sample], built: Built, *, label: str
 ) -> None:
-    """One positive that parses and one negative, drawn at random (D.3, D.4); the stage is dropped without
-    both."""
+    """One positive that parses and one negative that answered the same prompt, drawn at random (D.3, D.4);
+    the stage is dropped without both."""
     positives = [s for s in positives if s.ok]
     if not positives or not negatives:
         built.dropped[stage] = "no positive reply" if not positives else "no negative reply"
         return
     chosen = job.rng.choice(positives)
+    # Only negatives on the chosen reply's prompt: a reply parsed on the JSON-adapter retry answered another.
+    negatives = [s for s in negatives if s.messages == chosen.messages]
+    if not negatives:
+        built.dropped[stage] = MIXED_PROMPTS
+        return
     rejected = job.rng.choice(negatives)
     _add_pair(stage, job, chosen, rejected, built, label=label)
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from ragsuite import __version__
 from ragsuite.errors import RagsuiteError
+from ragsuite.offline import use_bundled_model_metadata
 from ragsuite.redaction import install_log_redaction, redact
 
 # (name, module, help line) in the order ``ragsuite --help`` lists them. Each help line repeats the one the
@@ -105,6 +106,7 @@ def command_of(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    use_bundled_model_metadata()  # before any command imports DSPy: it would download a price map from GitHub
     parser = build_parser(only=command_of(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(

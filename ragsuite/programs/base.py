@@ -24,6 +24,7 @@ from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.retrieval.adapt import as_retriever
 from ragsuite.retrieval.base import Passage, Retriever
+from ragsuite.signatures.compact import CompactJSONAdapter
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -39,7 +40,7 @@ MAX_QUESTION_CHARS = 8000
 STAGE_KINDS = ("filter", "blend")
 
 
-_JSON_ADAPTER = dspy.JSONAdapter()
+_SCHEMA_ADAPTER = CompactJSONAdapter()
 _CURRENT_STAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar("ragsuite_stage", default=None)
 
 
@@ -50,20 +51,21 @@ def current_stage() -> str | None:
 
 
 def stage_adapter(predictor: Any) -> contextlib.AbstractContextManager[Any]:
-    """DSPy's JSON adapter for a stage whose LM holds replies to a JSON schema (``structured_outputs``: the
-    local LM on llama.cpp) and whose outputs are all plain values, unless an adapter is configured; else
-    nothing (DSPy's default chat adapter).
+    """The compact JSON adapter (:class:`~ragsuite.signatures.compact.CompactJSONAdapter`) for a stage whose
+    LM holds replies to a JSON schema (``structured_outputs``: the local LM on llama.cpp) and whose outputs
+    are all plain values, unless an adapter is configured; else nothing (DSPy's default chat adapter).
 
     Why: a small model often breaks the chat adapter's ``[[ ## field ## ]]`` format (every true/false stage
     of DeepNote and HANRAG, with the local 0.5B model), and each break costs a second request in DSPy's JSON
-    fallback. Held to the signature's schema, the reply parses the first time.
+    fallback. Held to the signature's schema, the reply parses the first time, so the prompt need not teach
+    the format: the compact adapter's prompt is the instruction and the inputs.
     """
     if dspy.settings.adapter is not None:
         return contextlib.nullcontext()
     predictors = _predictors(predictor)
     lm = next((p.lm for p in predictors if getattr(p, "lm", None) is not None), dspy.settings.lm)
     if getattr(lm, "structured_outputs", False) and predictors and all(map(_plain_outputs, predictors)):
-        return dspy.context(adapter=_JSON_ADAPTER)
+        return dspy.context(adapter=_SCHEMA_ADAPTER)
     return contextlib.nullcontext()
 
 

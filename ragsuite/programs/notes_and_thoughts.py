@@ -13,15 +13,22 @@ Differences from the original (Chain-of-Note; the authors released no code):
 
 RAT (Wang et al., 2024, "Retrieval Augmented Thoughts"; the authors' code, github.com/CraftJarvis/RAT,
 ``app/gradio_app.py`` and ``creative.ipynb``): draft a chain of thought without retrieval
-(``DraftThoughts``, the authors' draft and split into paragraphs), drop pieces of 5 characters or fewer (their
-``split_draft`` keeps ``len(para) > 5``), and revise the draft chunk by chunk: for chunk i, retrieve
+(``DraftThoughts``, the authors' draft and split into paragraphs), drop pieces of 5 characters or fewer (the
+app's ``split_draft`` keeps ``len(para) > 5``), and revise the draft chunk by chunk: for chunk i, retrieve
 ``top_k`` passages for the question and the chunk, and revise the chunk with them given the already revised
 chunks (``ReviseThought``): one retrieval and one revision per chunk. At most ``max_thoughts`` chunks are
-revised, the authors' 3 (their split asks for fewer than 4 paragraphs; later chunks are dropped); an
-unparsable revision keeps the draft chunk. The reader answers from the revised chain in the task's style.
+revised (default 3; later chunks are dropped); an unparsable revision keeps the draft chunk. The reader
+answers from the revised chain in the task's style. An empty or unparsable draft makes no step, as in the
+app: its loop over the draft's paragraphs runs over none, so nothing is retrieved or revised and the answer
+is "" (the reader is not called).
 
 Differences from the original (RAT):
 
+* How many chunks. The paper revises every thought step; the notebook revises every paragraph of the draft,
+  with no cap; the app's split prompt asks the LM for "less than 4" paragraphs (``NUM_PARAGRAPHS = 4``) but
+  revises as many as come back; ragsuite revises at most ``max_thoughts`` chunks, 3 by default, and drops
+  the rest. Why: a fixed bound on the LM calls per question (the app's request, kept when the LM writes
+  more); ``max_thoughts`` is a knob for those who want more.
 * Query. The authors ask the LM for a search query per chunk (``get_query``); here the draft chunk joined
   with the question is the query. Why: one LM call fewer per chunk, and a passage retriever takes the
   chunk's words directly.
@@ -117,7 +124,8 @@ class RAT(RAGProgram):
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
         top_k: Passages retrieved per chunk (ours: 3).
-        max_thoughts: Most draft chunks revised (the authors' 3); later chunks are dropped.
+        max_thoughts: Most draft chunks revised (3: the app asks its LM for fewer than 4 paragraphs; the
+            notebook has no cap); later chunks are dropped.
 
     Example:
         >>> from ragsuite import programs
@@ -165,7 +173,10 @@ class RAT(RAGProgram):
             **({"dropped": draft[self.max_thoughts :]} if len(draft) > self.max_thoughts else {}),
             **({"too_short": short} if short else {}),
         )
-        draft = draft[: self.max_thoughts] or [question]  # no draft: one retrieval for the question itself
+        draft = draft[: self.max_thoughts]
+        if not draft:  # the authors' loop over no paragraphs: nothing retrieved or revised, the answer ""
+            ledger.record("answer", source="none", answer="")
+            return self.finish(ledger, "", [], thoughts=[])
         revised: list[str] = []
         evidence = []
         for step, thought in enumerate(draft, start=1):

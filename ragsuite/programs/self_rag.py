@@ -36,8 +36,11 @@ Differences from the original:
   Why: one documented weight; set ``w_use=1.0`` for the authors' short-form runs.
 * Alternatives per token (``self-rag``). The authors ask vLLM for 5000 alternatives per position (32016 for
   the first token); ragsuite asks for 20 (vLLM's default ceiling, ``--max-logprobs``), so a reflection token
-  outside the top 20 gets the original's missing-token log probability -100. Why: a stock vLLM server
-  refuses more.
+  outside the top 20 gets the original's missing-token log probability -100. When neither [Retrieval] nor
+  [No Retrieval] is among the alternatives, both get -100 and the retrieval probability is 0.5, whatever
+  token the checkpoint wrote: above the default threshold 0.2, it retrieves, as the original's ratio of two
+  -100s (0.5) would (the original sets -100 for a missing token; with the whole vocabulary asked for at the
+  first token, it never misses one). Why: a stock vLLM server refuses more.
 * The decision call (``self-rag``) asks for 1 token; the original generates a whole answer first and uses
   only its first token's probabilities unless it does not retrieve, when it generates again after
   "[No Retrieval]". Why: the same decision for one token; the answer comes from the second call in both.
@@ -703,18 +706,10 @@ class SelfRAG(RAGProgram):
         prompt = self_rag_prompt(question, self.task)
         first = await self.acall_stage(ledger, "decide", client, prompt=prompt, max_tokens=1)
         odds = first.distribution(0, RETRIEVE_TOKENS)
-        p_retrieve: float | None = odds["[Retrieval]"] / sum(odds.values())
-        if all(math.isclose(p, math.exp(MISSING_LOGPROB)) for p in odds.values()):
-            # Neither token among the alternatives: follow the token the checkpoint wrote.
-            p_retrieve = None
-            retrieve = first.text.strip().startswith("[Retrieval]")
-        else:
-            retrieve = p_retrieve > self.threshold
-        ledger.record(
-            "decide",
-            retrieve=retrieve,
-            p_retrieve=None if p_retrieve is None else round(p_retrieve, 4),
-        )
+        # Neither token among the alternatives: both get exp(-100), so 0.5, as the original's two -100s.
+        p_retrieve = odds["[Retrieval]"] / sum(odds.values())
+        retrieve = p_retrieve > self.threshold
+        ledger.record("decide", retrieve=retrieve, p_retrieve=round(p_retrieve, 4))
         passages = await aretrieve_recorded(self, ledger, question, self.top_k) if retrieve else []
         if retrieve:
             ledger.count_step()

@@ -1,0 +1,101 @@
+"""A compact prompt for LMs whose server holds each reply to the signature's JSON schema (llama-server).
+
+DSPy's JSON adapter teaches the reply format inside the prompt: each field is described, then shown again in
+a template of the inputs and the output object, then recalled at the end of the user message. A server that
+turns the schema sent as ``response_format`` into a grammar makes every reply parse whatever the prompt says,
+so that teaching costs tokens and buys nothing: about 150-250 tokens a call, paid on every stage call (a
+DeepNote question makes about 11) by a CPU model that reads 90 tokens a second.
+
+:class:`CompactJSONAdapter` writes what the papers' prompts hold: the stage's instruction, one line naming
+each output field and its meaning, and the inputs under plain labels (``Question:``, ``Passages:`` one per
+line). Replies, demos and ``response_format`` are DSPy's JSON adapter's: a compiled program's demos reach the
+prompt as user/assistant turns, and a reply is parsed exactly as before.
+
+Example:
+    >>> import dspy
+    >>> from ragsuite.signatures.compact import CompactJSONAdapter
+    >>> from ragsuite.signatures.deepnote import NoteInit
+    >>> messages = CompactJSONAdapter().format(NoteInit, [], {"question": "Who?", "passages": ["[1] A | b"]})
+    >>> print(messages[1]["content"])
+    Question:
+    Who?
+    <BLANKLINE>
+    Passages (retrieved passages, '[i] title | text'):
+    [1] A | b
+"""
+
+from __future__ import annotations
+
+import textwrap
+import typing
+from typing import Any
+
+import dspy
+from dspy.adapters.utils import format_field_value
+from pydantic.fields import FieldInfo
+
+
+def _label(name: str, field: FieldInfo) -> str:
+    """``best_note`` -> ``Best note``, with the field's description when it has one of its own."""
+    label = name.replace("_", " ").capitalize()
+    desc = (field.json_schema_extra or {}).get("desc") if isinstance(field.json_schema_extra, dict) else None
+    return f"{label} ({desc})" if desc and desc != f"${{{name}}}" else label
+
+
+def _type_words(annotation: Any) -> str:
+    """How a reply writes a value of this type, in words."""
+    if annotation is bool:
+        return "true or false"
+    if annotation in (int, float):
+        return "a number"
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        (item,) = typing.get_args(annotation) or (str,)
+        return "a list of strings" if item is str else f"a list of {_type_words(item)} values"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(option) for option in typing.get_args(annotation))
+    return "text"
+
+
+def _render(value: Any, field: FieldInfo) -> str:
+    """An input value as the model reads it: a list one item per line, anything else as DSPy writes it."""
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return "\n".join(value) if value else "(none)"
+    text = format_field_value(field_info=field, value=value)
+    return text if isinstance(text, str) else str(text)
+
+
+class CompactJSONAdapter(dspy.JSONAdapter):
+    """DSPy's JSON adapter with a prompt of the instruction, the output fields in one line and the labelled
+    inputs (see the module docstring). For LMs that enforce ``response_format`` with a grammar."""
+
+    def format_system_message(self, signature: type[dspy.Signature]) -> str:
+        instruction = textwrap.dedent(signature.instructions).strip()
+        return f"{instruction}\n\n{self.format_field_structure(signature)}"
+
+    def format_field_structure(self, signature: type[dspy.Signature]) -> str:
+        fields = []
+        for name, field in signature.output_fields.items():
+            desc = (field.json_schema_extra or {}).get("desc")
+            meaning = f" ({desc})" if desc and desc != f"${{{name}}}" else ""
+            fields.append(f'"{name}": {_type_words(field.annotation)}{meaning}')
+        return "Reply with a JSON object: {" + ", ".join(fields) + "}"
+
+    def format_user_message_content(
+        self,
+        signature: type[dspy.Signature],
+        inputs: dict[str, Any],
+        prefix: str = "",
+        suffix: str = "",
+        main_request: bool = False,
+    ) -> str:
+        parts = [prefix] if prefix else []
+        for name, field in signature.input_fields.items():
+            if name in inputs:
+                parts.append(f"{_label(name, field)}:\n{_render(inputs[name], field)}")
+        if suffix:
+            parts.append(suffix)
+        return "\n\n".join(parts).strip()
+
+
+__all__ = ["CompactJSONAdapter"]
