@@ -262,3 +262,51 @@ def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_it
     assert all(all(demo["question"] in prompt for demo in demos) for prompt in prompts)
     answered = [json.loads(line)["id"] for line in (run / "records.jsonl").read_text().splitlines()]
     assert sorted(answered) == sorted([i for i in fixture_ids if i not in seen][:3])  # in completion order
+
+
+# -- one call from Python: ragsuite.load on another dataset -------------------------------------------------
+def test_ragsuite_load_runs_a_saved_program_on_another_dataset_in_one_call(
+    tmp_path, tuned_on_hotpotqa, caplog
+):
+    import ragsuite
+    from ragsuite.errors import ConfigError
+    from ragsuite.programs.program_file import load_for_data
+
+    mountains = write_dataset(tmp_path / "mountains", "asqa", "mountain")
+    with caplog.at_level(logging.WARNING):
+        program = ragsuite.load(str(tuned_on_hotpotqa), dataset="asqa", data_dir=mountains)
+    assert program.task == "long" and program.knobs() == {"top_k": 2}
+    assert program.retriever.describe()["spec"] == "bm25:asqa"
+    assert {p.id for p in program.retriever("mountain fact", 3)} <= {f"mountain-{i}" for i in range(6)}
+    assert (
+        f"{tuned_on_hotpotqa}: saved for dataset 'hotpotqa'; running on 'asqa' (--dataset wins)"
+        in caplog.text
+    )
+
+    loaded = load_for_data(tuned_on_hotpotqa, dataset="asqa", data_dir=mountains, top_k=3)
+    assert loaded.program.knobs() == {"top_k": 3}
+    assert loaded.differences[:3] == [
+        "saved for dataset 'hotpotqa'; running on 'asqa' (--dataset wins)",
+        "saved with answer task 'short'; using 'long', the task of 'asqa'",
+        "saved with retriever 'bm25:hotpotqa'; using 'bm25:asqa'",
+    ]
+    same = load_for_data(tuned_on_hotpotqa, dataset="hotpotqa", data_dir=tuned_on_hotpotqa.parent / "rivers")
+    assert same.differences == [] and same.program.task == "short"
+    with pytest.raises(ConfigError, match="holds program 'vanilla', not 'deepnote'"):
+        load_for_data(tuned_on_hotpotqa, dataset="asqa", data_dir=mountains, program="deepnote")
+
+
+def test_the_program_file_is_read_once_and_its_class_looked_up_once(tmp_path, tuned_on_hotpotqa, monkeypatch):
+    from ragsuite.programs import program_file
+
+    reads, lookups = [], []
+    read, get = program_file.read_program_file, programs.get
+    monkeypatch.setattr(program_file, "read_program_file", lambda path: reads.append(path) or read(path))
+    monkeypatch.setattr(programs, "get", lambda name: lookups.append(name) or get(name))
+    mountains = write_dataset(tmp_path / "mountains", "asqa", "mountain")
+    args = build_parser().parse_args(
+        [*eval_argv(tuned_on_hotpotqa, "asqa", mountains), "--lm", "openai/m", "--set", "top_k=4"]
+    )
+    program, _ = build_program(args, "long")
+    assert program.knobs() == {"top_k": 4}
+    assert len(reads) == 1 and lookups == ["vanilla"]

@@ -298,60 +298,28 @@ def build_program(args: argparse.Namespace, task: str) -> tuple[Any, dict[str, A
 def _load_program_file(args: argparse.Namespace, task: str) -> Any:
     """A saved program run on the command line's dataset: its retriever is rebuilt for ``--dataset`` /
     ``--data-dir`` and it answers in that dataset's style. Each difference from the file is logged."""
-    from ragsuite.programs.program_file import load_program, read_program_file
+    from ragsuite.programs.program_file import load_for_data
 
-    path = args.program_file
-    document = read_program_file(path)
-    if args.program and args.program != document["program"]:
-        raise ConfigError(f"{path} holds program {document['program']!r}, not {args.program!r}")
-    saved = document.get("retriever") if isinstance(document.get("retriever"), dict) else None
-    spec = args.retriever or _retriever_for_dataset(saved)
-    from ragsuite import programs
+    def command_line_settings(cls: Any) -> dict[str, Any]:
+        # --set knobs and --stage objects (which replace a saved stage), checked against the saved class.
+        return {**parse_knob_settings(args.set, cls.KNOBS, cls.name), **program_stages(args, cls)}
 
-    knobs = parse_knob_settings(args.set, programs.get(document["program"]).KNOBS, document["program"])
-    retriever = _build_retriever(spec, args)
-    stages = program_stages(args, programs.get(document["program"]))  # --stage replaces a saved stage
-    program = load_program(path, retriever=retriever, rebuild_retriever=False, task=task, **knobs, **stages)
-    current = retriever.describe() if retriever is not None and hasattr(retriever, "describe") else None
-    running_on = args.dataset or f"your questions ({args.questions})"
-    for difference in program_file_differences(document, dataset=running_on, task=task, retriever=current):
-        log.warning("%s: %s", path, difference)
-    return program
-
-
-def _retriever_for_dataset(saved: dict[str, Any] | None) -> str:
-    """The saved retriever's kind, built for the command line's dataset (a file never names a server,
-    index directory or model to load)."""
-    if saved is None:
-        return "none"
-    return "dense" if saved.get("kind") == "dense" else "bm25"
-
-
-def program_file_differences(
-    document: dict[str, Any], *, dataset: str, task: str, retriever: dict[str, Any] | None
-) -> list[str]:
-    """One line per way this run differs from what the program file was saved (tuned) with."""
-    saved = document.get("retriever") if isinstance(document.get("retriever"), dict) else None
-    metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
-    saved_dataset = metadata.get("dataset") or (saved or {}).get("dataset")
-    lines = []
-    if saved_dataset and saved_dataset != dataset:
-        lines.append(f"saved for dataset {saved_dataset!r}; running on {dataset!r} (--dataset wins)")
-    if document.get("task") != task:
-        lines.append(
-            f"saved with answer task {document.get('task')!r}; using {task!r}, the task of {dataset!r}"
-        )
-    saved_spec = (saved or {}).get("spec", "none")
-    spec = (retriever or {}).get("spec", "none")
-    if saved_spec != spec:
-        lines.append(f"saved with retriever {saved_spec!r}; using {spec!r}")
-    saved_key, key = (saved or {}).get("index_key"), (retriever or {}).get("index_key")
-    if saved_key and key and saved_key != key:
-        lines.append(
-            f"the retrieval index changed: saved index_key {saved_key}, built now {key} "
-            "(different corpus or index settings)"
-        )
-    return lines
+    loaded = load_for_data(
+        args.program_file,
+        dataset=args.dataset,
+        questions=getattr(args, "questions", None),
+        task=task,
+        retriever=args.retriever,
+        data_dir=args.data_dir,
+        corpus=getattr(args, "corpus", None),
+        cache_dir=getattr(args, "cache_dir", None),
+        progress=show_progress(args),
+        program=args.program,
+        overrides_for=command_line_settings,
+    )
+    for difference in loaded.differences:
+        log.warning("%s: %s", args.program_file, difference)
+    return loaded.program
 
 
 def _build_retriever(spec: str, args: argparse.Namespace) -> Any:
