@@ -194,3 +194,232 @@ class _CorpusFixed(Fixed):
 
     def __call__(self, query: str, k: int) -> list[Passage]:
         return [self.by_id[pid].with_score(1.0 / (i + 1)) for i, pid in enumerate(self.ids[:k])]
+
+
+# -- weighted fusion ----------------------------------------------------------------------------------------
+
+
+class Scored(Fixed):
+    """Returns the given (id, score) pairs for every query (truncated to k)."""
+
+    def __init__(self, pairs: Sequence[tuple[str, float]], *, name: str = "scored", kind: str = "scored"):
+        super().__init__([pid for pid, _ in pairs], name=name)
+        self.scores = dict(pairs)
+        self.kind = kind
+
+    def __call__(self, query: str, k: int) -> list[Passage]:
+        self.ks.append(k)
+        return [P(pid, self.scores[pid]) for pid in self.ids[:k]]
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "spec": self.name}
+
+
+def test_weighted_rrf_changes_the_ranking_as_the_weights_say():
+    sparse, dense = Fixed(["a", "b", "c"]), Fixed(["c", "d", "a"])
+    # Equal weights: a = c = 1/61 + 1/63, a seen first.
+    assert ids(HybridRetriever([sparse, dense], mode="rrf", weights=[1, 1])("q", 4)) == ["a", "c", "b", "d"]
+    # Dense weighted 3: c = 1/63 + 3/61, a = 1/61 + 3/63, d = 3/62, b = 1/62.
+    weighted = HybridRetriever([sparse, dense], mode="rrf", weights=[1, 3])("q", 4)
+    assert ids(weighted) == ["c", "a", "d", "b"]
+    assert weighted[0].score == pytest.approx(1 / 63 + 3 / 61)
+    assert weighted[2].score == pytest.approx(3 / 62)
+    # Only ratios matter; a zero weight leaves that member's order only as a tie-break.
+    assert ids(HybridRetriever([sparse, dense], mode="rrf", weights=[2, 6])("q", 4)) == ids(weighted)
+    assert ids(HybridRetriever([sparse, dense], mode="rrf", weights=[0, 1])("q", 3)) == ["c", "d", "a"]
+
+
+def test_linear_fusion_hand_computed_minmax_and_zscore():
+    sparse = Scored([("a", 12.0), ("b", 8.0), ("c", 2.0)])  # minmax: a 1, b 0.6, c 0
+    dense = Scored([("c", 0.9), ("d", 0.7), ("a", 0.4)])  # minmax: c 1, d 0.6, a 0
+    # alpha = 0.7 (dense): a = .3, b = .18, c = .7, d = .42 (b gets dense's floor 0, d sparse's floor 0).
+    fused = HybridRetriever([sparse, dense], mode="linear", weights=[0.3, 0.7])("q", 4)
+    assert ids(fused) == ["c", "d", "a", "b"]
+    assert [p.score for p in fused] == pytest.approx([0.7, 0.42, 0.3, 0.18])
+    # alpha = 0.2: a = .8, b = .48, c = .2, d = .12.
+    assert ids(HybridRetriever([sparse, dense], mode="linear", weights=[0.8, 0.2])("q", 4)) == list("abcd")
+    # z-scores: sparse (12, 8, 2) -> (1.1355, 0.1622, -1.2978), other (.9, .8, .2) -> (0.8627, 0.5392,
+    # -1.4018); a missing passage takes its list's lowest z-score: a -0.133, c -0.218, d -0.379, b -0.620.
+    other = Scored([("c", 0.9), ("d", 0.8), ("a", 0.2)])
+    z = HybridRetriever([sparse, other], mode="linear", norm="zscore", weights=[1, 1])("q", 4)
+    assert ids(z) == ["a", "c", "d", "b"]
+    assert [p.score for p in z] == pytest.approx([-0.13315, -0.21755, -0.3793, -0.6198], abs=1e-3)
+
+
+def test_default_weights_come_from_the_member_kinds(monkeypatch):
+    from ragsuite.retrieval import hybrid as hybrid_module
+
+    monkeypatch.setitem(hybrid_module.DEFAULT_WEIGHTS, "rrf", {"sparse": 0.25, "dense": 0.75})
+    members = [Scored([("a", 1.0)], kind="sparse"), Scored([("b", 1.0)], kind="dense"), Scored([("c", 1.0)])]
+    assert HybridRetriever(members, mode="rrf").weights == [0.25, 0.75, 1.0]
+    assert HybridRetriever(members, mode="rrf", weights=[1, 2, 3]).weights == [1.0, 2.0, 3.0]
+    assert HybridRetriever(members, mode="interleave").weights is None
+    # Members that would all get the same weight are simply unweighted.
+    assert HybridRetriever(members[1:2] * 2, mode="rrf").weights == [1.0, 1.0]
+
+
+def test_weight_validation():
+    members = [Fixed(["a"]), Fixed(["b"])]
+    for bad in ([1.0], [1.0, -1.0], [0.0, 0.0], [float("nan"), 1.0]):
+        with pytest.raises(ConfigError, match="weights"):
+            HybridRetriever(members, mode="rrf", weights=bad)
+    with pytest.raises(ConfigError, match="interleave takes no weights"):
+        HybridRetriever(members, mode="interleave", weights=[1, 2])
+    with pytest.raises(ConfigError, match="norm"):
+        HybridRetriever(members, mode="linear", norm="softmax")
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("hybrid:rrf:bm25:nq@0.3+dense:nq@0.7", ("rrf", ["bm25:nq", "dense:nq"], [0.3, 0.7], {})),
+        ("hybrid:linear:bm25+dense:alpha=0.7", ("linear", ["bm25", "dense"], [0.3, 0.7], {})),
+        (
+            "hybrid:rrf:bm25+dense:nq:index=hnsw:rrf_k=20:depth=30",
+            ("rrf", ["bm25", "dense:nq:index=hnsw"], None, {"rrf_k": 20, "depth": 30}),
+        ),
+        (
+            "hybrid:linear:bm25@1+dense@3:norm=zscore",
+            ("linear", ["bm25", "dense"], [1.0, 3.0], {"norm": "zscore"}),
+        ),
+        (
+            "hybrid:interleave:colbert-server:http://u:p@host:8893/api/search+bm25",
+            ("interleave", ["colbert-server:http://u:p@host:8893/api/search", "bm25"], None, {}),
+        ),
+    ],
+)
+def test_hybrid_specs_parse(spec, parsed):
+    from ragsuite.retrieval.hybrid import parse_hybrid_spec
+
+    assert parse_hybrid_spec(spec) == parsed
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "hybrid:max:bm25",
+        "hybrid:rrf:bm25@0.3+dense",  # every member weighted or none
+        "hybrid:linear:bm25+dense+bm25:alpha=0.5",  # alpha is for two members
+        "hybrid:linear:bm25@1+dense@2:alpha=0.5",
+        "hybrid:rrf:bm25+dense:rrf_k=ten",
+        "hybrid:rrf:bm25++dense",
+    ],
+)
+def test_bad_hybrid_specs_are_clear_errors(spec):
+    from ragsuite.retrieval.hybrid import parse_hybrid_spec
+
+    with pytest.raises(ConfigError):
+        parse_hybrid_spec(spec)
+
+
+def test_describe_spec_carries_weights_and_settings():
+    members = [Fixed([], name="bm25:nq"), Fixed([], name="dense:nq")]
+    hybrid = HybridRetriever(members, mode="rrf", weights=[0.3, 0.7], rrf_k=20, depth=30)
+    described = hybrid.describe()
+    assert described["spec"] == "hybrid:rrf:bm25:nq@0.3+dense:nq@0.7:rrf_k=20:depth=30"
+    assert described["weights"] == [0.3, 0.7]
+    linear = HybridRetriever(members, mode="linear", weights=[1, 1], norm="zscore").describe()["spec"]
+    assert linear == "hybrid:linear:bm25:nq+dense:nq:norm=zscore"
+    # Weights are written exactly, so a rebuilt hybrid fuses the same.
+    from ragsuite.retrieval.hybrid import parse_hybrid_spec
+
+    odd = HybridRetriever(members, mode="linear", weights=[0.123456789123, 1 / 3]).describe()["spec"]
+    assert parse_hybrid_spec(odd)[2] == [0.123456789123, 1 / 3]
+
+
+def test_weighted_specs_round_trip_through_program_files(tmp_path, monkeypatch, data_dir):
+    """A weighted hybrid saved in a program file is rebuilt with the same weights and settings, and ranks
+    alike; one saved before hybrids had weights keeps weighing its members 1."""
+    import ragsuite
+    from ragsuite import programs
+    from ragsuite.retrieval.spec import build_retriever
+
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    specs = [
+        "hybrid:rrf:bm25:nq@0.25+bm25:hotpotqa@0.75:rrf_k=10:depth=20",
+        "hybrid:linear:bm25:nq+bm25:hotpotqa:alpha=0.65:norm=zscore",
+    ]
+    for i, spec in enumerate(specs):
+        retriever = build_retriever(spec, data_dir=data_dir)
+        path = tmp_path / f"p{i}.json"
+        programs.get("vanilla")(retriever=retriever, top_k=2).save(str(path))
+        loaded = ragsuite.load(str(path), data_dir=data_dir).retriever
+        assert loaded.describe() == retriever.describe()
+        assert loaded.weights == retriever.weights and loaded.mode == retriever.mode
+        query = "Who was the first president of the United States?"
+        assert [(p.id, p.score) for p in loaded(query, 5)] == [(p.id, p.score) for p in retriever(query, 5)]
+    assert build_retriever(specs[1], data_dir=data_dir).weights == [0.35, 0.65]
+
+    # Saved before weights existed: no "weights" in the description, all members weighed 1.
+    from ragsuite.retrieval import hybrid as hybrid_module
+    from ragsuite.retrieval.spec import rebuild_retriever
+
+    old = build_retriever("hybrid:rrf:bm25:nq+bm25:hotpotqa", data_dir=data_dir).describe()
+    del old["weights"], old["norm"]
+    monkeypatch.setattr(hybrid_module, "default_weights", lambda mode, members: [0.2, 0.8])
+    assert build_retriever("hybrid:rrf:bm25:nq+bm25:hotpotqa", data_dir=data_dir).weights == [0.2, 0.8]
+    assert rebuild_retriever(old, data_dir=data_dir).weights == [1.0, 1.0]
+
+
+def test_fuse_from_deeper_lists_matches_a_call():
+    a = Scored([(f"a{i}", 10.0 - i) for i in range(8)] + [("z", 1.0)])
+    b = Scored([(f"b{i}", 5.0 - 0.1 * i) for i in range(8)] + [("z", 4.0)])
+    for mode, settings in (("rrf", {"weights": [1, 2], "rrf_k": 5}), ("linear", {"weights": [0.4, 0.6]})):
+        hybrid = HybridRetriever([a, b], mode=mode, depth=4, **settings)
+        deep = [m(query="q", k=9) for m in (a, b)]
+        assert ids(hybrid.fuse(deep, 3)) == ids(hybrid("q", 3))
+        assert ids(hybrid.with_fusion(depth=9).fuse(deep, 3)) == ids(hybrid.with_fusion(depth=9)("q", 3))
+
+
+def test_fusion_search_suggests_and_restores_settings():
+    import optuna
+
+    from ragsuite.retrieval.hybrid import FusionSearch
+
+    members = [Fixed(["a"], name="bm25:nq"), Fixed(["b"], name="dense:nq")]
+    with pytest.raises(ConfigError, match="hybrid retriever"):
+        FusionSearch(members[0])
+    rrf_search = FusionSearch(HybridRetriever(members, mode="rrf", weights=[0.3, 0.7]))
+    assert rrf_search.defaults() == {"fusion_depth": 50, "fusion_alpha": 0.7, "fusion_rrf_k": 60}
+    chosen = rrf_search.suggest(
+        optuna.trial.FixedTrial({"fusion_depth": 20, "fusion_alpha": 0.25, "fusion_rrf_k": 5})
+    )
+    assert (chosen.weights, chosen.rrf_k, chosen.depth, chosen.mode) == ([0.75, 0.25], 5, 20, "rrf")
+    assert chosen.retrievers == members  # members are shared, not rebuilt
+    linear = FusionSearch(HybridRetriever(members, mode="linear", weights=[1, 1]))
+    assert linear.defaults() == {"fusion_depth": 50, "fusion_alpha": 0.5, "fusion_norm": "minmax"}
+    three = FusionSearch(HybridRetriever([*members, Fixed(["c"])], mode="rrf", weights=[1, 2, 4]))
+    assert three.defaults()["fusion_weight_0"] == 0.25
+    # An Optuna study over the search space samples every knob in range.
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=1))
+    study.enqueue_trial(rrf_search.defaults())
+    study.optimize(lambda t: rrf_search.suggest(t).weights[1], n_trials=6)
+    assert study.trials[0].params == rrf_search.defaults()
+    assert all(
+        0 <= t.params["fusion_alpha"] <= 1 and 0 <= t.params["fusion_rrf_k"] <= 100 for t in study.trials
+    )
+
+
+def test_sweep_fits_weights_on_gold_passages():
+    """Members disagree; the gold passage is the second member's first: the sweep finds weights that put it
+    on top, starting from the settings given."""
+    from ragsuite.retrieval.hybrid import FusionSearch
+    from ragsuite.retrieval.sweep import fused_metrics, sweep_fusion
+
+    lists, golds = [], []
+    for q in range(6):
+        lists.append(
+            [
+                [P(f"x{q}-{i}", 10.0 - i) for i in range(4)],
+                [P(f"g{q}", 0.9)] + [P(f"y{q}-{i}", 0.8 - 0.1 * i) for i in range(3)],
+            ]
+        )
+        golds.append([f"g{q}"])
+    hybrid = HybridRetriever([Fixed([]), Fixed([])], mode="rrf", weights=[0.9, 0.1])
+    assert fused_metrics(hybrid, lists, golds, [1])["recall@1"] == 0.0
+    result = sweep_fusion(FusionSearch(hybrid), lists, golds, metric="recall@1", ks=(1, 3), trials=25, seed=0)
+    assert result.trials[0]["params"]["fusion_alpha"] == pytest.approx(0.1)
+    assert result.metrics["recall@1"] == 1.0 and result.params["fusion_alpha"] > 0.5
+    assert result.retriever.weights[1] > result.retriever.weights[0]
+    assert set(result.metrics) == {"recall@1", "all_gold@1", "recall@3", "all_gold@3"}
+

@@ -219,12 +219,13 @@ def test_a_program_on_a_corpus_file_loads_where_the_file_is_now(tmp_path, monkey
     with pytest.raises(ConfigError, match=r"corpus hash mismatch: .*lake|corpus hash mismatch: .*other"):
         ragsuite.load(str(path), corpus=other)
 
-    # Merge settings a spec cannot carry are not dropped silently.
-    deeper = HybridRetriever([BM25Retriever.from_file(moved)], mode="rrf", rrf_k=10)
+    # Merge settings travel in the spec and are rebuilt, not dropped.
+    deeper = HybridRetriever([BM25Retriever.from_file(moved)], mode="rrf", rrf_k=10, depth=20)
     deeper_path = tmp_path / "deeper.json"
     programs.get("vanilla")(retriever=deeper, top_k=2).save(str(deeper_path))
-    with pytest.raises(ConfigError, match=r"settings \{'rrf_k': 10\} cannot be rebuilt"):
-        ragsuite.load(str(deeper_path))
+    reloaded = ragsuite.load(str(deeper_path)).retriever
+    assert (reloaded.rrf_k, reloaded.depth) == (10, 20)
+    assert reloaded.describe()["spec"] == f"hybrid:rrf:bm25:{moved}:rrf_k=10:depth=20"
 
 
 # -- the compiled program shipped for the local LM ----------------------------------------------------------

@@ -13,7 +13,11 @@ Specs:
                                  ``nprobe``, ``pq_m``, ``pq_bits``, ``rerank``, ``hnsw_m``,
                                  ``ef_construction``, ``ef_search``
                                  (e.g. ``dense:nq:index=hnsw:ef_search=128``)
-    hybrid:MODE:SPEC+SPEC[+...]  several of the above merged, MODE = interleave | rrf
+    hybrid:MODE:SPEC[@W]+SPEC[@W][+...][:KEY=VALUE...]
+                                 several of the above merged, MODE = interleave | rrf | linear; ``@W`` a
+                                 member's weight (rrf, linear), KEY = ``alpha`` (two members weighed
+                                 ``1 - alpha`` and ``alpha``), ``rrf_k``, ``norm`` (linear: ``minmax`` or
+                                 ``zscore``), ``depth`` (e.g. ``hybrid:linear:bm25+dense:alpha=0.7``)
 
 A corpus PATH contains ``/`` or ends in ``.jsonl``, ``.tsv``, ``.csv`` or ``.parquet``; anything else is a
 dataset name.
@@ -32,7 +36,8 @@ from ragsuite.retrieval.base import Retriever
 SPEC_HELP = (
     "bm25[:DATASET|:CORPUS_FILE] | colbert-server:URL | colbert-index:DIR | "
     "dense[:DATASET|:CORPUS_FILE][:KEY=VALUE...] | "
-    "hybrid:interleave|rrf:SPEC+SPEC (default: bm25 over --corpus or the dataset's corpus)"
+    "hybrid:interleave|rrf|linear:SPEC[@W]+SPEC[@W][:alpha=A:rrf_k=K:norm=minmax|zscore:depth=D] "
+    "(default: bm25 over --corpus or the dataset's corpus)"
 )
 _CORPUS_SUFFIXES = (".jsonl", ".tsv", ".csv", ".parquet")
 
@@ -141,20 +146,16 @@ def build_retriever(
             source, data_dir=data_dir, cache_dir=cache_dir, model=model or None, progress=progress, **options
         )
     if kind == "hybrid":
-        mode, _, members = rest.partition(":")
-        if mode not in ("interleave", "rrf") or not members:
-            raise ConfigError(
-                f"hybrid spec must look like hybrid:interleave:SPEC+SPEC or hybrid:rrf:..., not {spec!r}"
-            )
-        from ragsuite.retrieval.hybrid import HybridRetriever
+        from ragsuite.retrieval.hybrid import HybridRetriever, parse_hybrid_spec
 
+        mode, members, weights, settings = parse_hybrid_spec(spec)
         parts = [
             build_retriever(
                 m, dataset=dataset, corpus=corpus, data_dir=data_dir, cache_dir=cache_dir, progress=progress
             )
-            for m in members.split("+")
+            for m in members
         ]
-        return HybridRetriever(parts, mode=mode)  # type: ignore[arg-type]
+        return HybridRetriever(parts, mode=mode, weights=weights, **settings)  # type: ignore[arg-type]
     raise ConfigError(f"unknown retriever spec {spec!r}; expected {SPEC_HELP}")
 
 
@@ -190,6 +191,8 @@ def rebuild_retriever(
         description = _moved_corpus(description, Path(corpus).expanduser().resolve())
         spec = description["spec"]
     _check_corpus(description, data_dir)
+    if description.get("kind") == "hybrid" and "weights" not in description:
+        spec = _unweighted(spec)
     settings = {k: description[k] for k in _BM25_SETTINGS if k in description}
     options = settings if description.get("kind") == "bm25" else {}
     retriever = build_retriever(spec, data_dir=data_dir, cache_dir=cache_dir, **options)
@@ -216,8 +219,18 @@ _BM25_SETTINGS = (
 )
 
 
-#: A hybrid's merge settings, which its spec does not carry either.
-_HYBRID_SETTINGS = ("rrf_k", "depth")
+#: A hybrid's merge settings; its spec carries them, and a rebuild must find them unchanged.
+_HYBRID_SETTINGS = ("weights", "rrf_k", "norm", "depth")
+
+
+def _unweighted(spec: str) -> str:
+    """A hybrid saved before hybrids had weights weighed every member 1: keep it so, whatever the defaults."""
+    from ragsuite.retrieval.hybrid import format_hybrid_spec, parse_hybrid_spec
+
+    mode, members, weights, settings = parse_hybrid_spec(spec)
+    if mode == "interleave" or weights is not None:
+        return spec
+    return format_hybrid_spec(mode, [f"{m}@1" for m in members], **settings)
 
 
 def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -234,8 +247,11 @@ def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:
         if isinstance(node.get("members"), list):
             node["members"] = [move(m) if isinstance(m, Mapping) else m for m in node["members"]]
             if node.get("kind") == "hybrid" and all(isinstance(m, Mapping) for m in node["members"]):
-                node["spec"] = f"hybrid:{node.get('mode')}:" + "+".join(
-                    str(m["spec"]) for m in node["members"]
+                from ragsuite.retrieval.hybrid import format_hybrid_spec, parse_hybrid_spec
+
+                mode, _, weights, settings = parse_hybrid_spec(str(node["spec"]))
+                node["spec"] = format_hybrid_spec(
+                    mode, [str(m["spec"]) for m in node["members"]], weights=weights, **settings
                 )
         if node.get("corpus_path"):
             saved.append(str(node.get("corpus_sha256")))
