@@ -110,3 +110,28 @@ def test_index_colbert_calls_build_colbert_index(
         "kmeans_niters": 4,
         "index_bsize": 64,
     }
+
+
+def test_retrieve_eval_sweeps_fusion_weights_and_the_frozen_spec_reproduces_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_dir: Path
+) -> None:
+    """A hybrid of the NQ index and an unrelated one, weighted towards the unrelated one: the sweep moves the
+    weight to the NQ member, and retrieve-eval with the spec it prints scores exactly what the sweep said."""
+    common = ["--dataset", "nq", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path), "--json"]
+    given = "hybrid:rrf:bm25:nq@0.1+bm25:hotpotqa@0.9:rrf_k=0"
+    swept = run_json(
+        capsys, ["retrieve-eval", *common, "--retriever", given, "--sweep", "12", "--k", "5", "10"]
+    )
+    assert swept["metric"] == "recall@5" and swept["trials"] == 12
+    assert swept["given"]["spec"] == "hybrid:rrf:bm25:nq@0.1+bm25:hotpotqa@0.9:rrf_k=0"
+    assert swept["recall@5"] > swept["given"]["recall@5"]
+    from ragsuite.retrieval.hybrid import parse_hybrid_spec
+
+    _, members, weights, _ = parse_hybrid_spec(swept["spec"])
+    assert members == ["bm25:nq", "bm25:hotpotqa"] and weights is not None and weights[0] > weights[1]
+    frozen = run_json(capsys, ["retrieve-eval", *common, "--retriever", swept["spec"], "--k", "5", "10"])
+    for key in ("recall@5", "recall@10", "all_gold@5", "all_gold@10", "n"):
+        assert frozen[key] == pytest.approx(swept[key]), key
+    # Only hybrids have fusion settings to sweep.
+    assert main(["retrieve-eval", *common, "--sweep", "3"]) == 2
+    assert "hybrid retriever" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""``ragsuite retrieve-eval``: recall@k and all-gold@k of a retriever on a dataset's questions."""
+"""``ragsuite retrieve-eval``: recall@k and all-gold@k of a retriever on a dataset's questions; with
+``--sweep N``, a search of a hybrid retriever's fusion settings on them (no LM)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
     parser.add_argument("--cache-dir", default=None, help="index cache root (default: $RAGSUITE_CACHE)")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    parser.add_argument(
+        "--sweep",
+        type=int,
+        default=None,
+        metavar="TRIALS",
+        help="search a hybrid retriever's fusion weights, rrf_k, norm and depth with Optuna over TRIALS "
+        "trials (the first: the settings given) and report the best, with its spec to freeze it",
+    )
+    parser.add_argument(
+        "--sweep-metric",
+        default=None,
+        help="the sweep's objective, recall@K or all_gold@K (default: recall@<first --k>)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the sweep's sampler seed (default: 0)")
     parser.set_defaults(func=run)
 
 
@@ -103,14 +118,71 @@ def run(args: argparse.Namespace) -> int:
     retriever = retriever_from_args(args, args.retriever)
     if retriever is None:
         raise ConfigError("retrieve-eval measures a retriever: --retriever none has nothing to measure")
+    if args.sweep is not None:
+        return _sweep(args, retriever, examples, ks, label)
     metrics = evaluate_retrieval(retriever, examples, ks, progress=sys.stderr.isatty())
     if args.json:
         print(json.dumps(metrics))
         return 0
     spec = retriever.describe().get("spec", args.retriever)
+    _print_table(label, metrics, spec, ks)
+    return 0
+
+
+def _print_table(label: str, metrics: dict[str, float], spec: str, ks: Sequence[int]) -> None:
     print(f"{label}: {metrics['n']} questions, retriever {spec}")
     print("| k | recall@k | all_gold@k |")
     print("|---:|---:|---:|")
     for k in ks:
         print(f"| {k} | {100 * metrics[f'recall@{k}']:.1f} | {100 * metrics[f'all_gold@{k}']:.1f} |")
+
+
+def _sweep(
+    args: argparse.Namespace, retriever: Any, examples: Sequence[Any], ks: Sequence[int], label: str
+) -> int:
+    """Fit the hybrid's fusion settings on these questions' gold passages; print the best and its spec."""
+    from tqdm.auto import tqdm
+
+    from ragsuite.retrieval.hybrid import FusionSearch
+    from ragsuite.retrieval.sweep import fused_metrics, member_lists, parse_metric, sweep_fusion
+
+    if args.sweep < 1:
+        raise ConfigError(f"--sweep needs a positive number of trials, got {args.sweep}")
+    metric = args.sweep_metric or f"recall@{ks[0]}"
+    search = FusionSearch(retriever)
+    scored = [ex for ex in examples if list(ex.get("gold_passage_ids") or [])]
+    with tqdm(
+        total=len(scored), desc="members", unit="q", disable=not sys.stderr.isatty(), file=sys.stderr
+    ) as bar:
+        lists = member_lists(
+            search.retriever,
+            [ex.question for ex in scored],
+            depth=max(search.max_depth, *ks),
+            on_batch=bar.update,
+        )
+    golds = [ex.gold_passage_ids for ex in scored]
+    given = fused_metrics(search.retriever, lists, golds, sorted({*ks, parse_metric(metric)[1]}))
+    result = sweep_fusion(search, lists, golds, metric=metric, ks=ks, trials=args.sweep, seed=args.seed)
+    spec = result.retriever.describe()["spec"]
+    metrics = {**result.metrics, "n": len(scored)}
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    **metrics,
+                    "spec": spec,
+                    "params": result.params,
+                    "metric": metric,
+                    "trials": len(result.trials),
+                    "given": {"spec": search.retriever.describe()["spec"], **given},
+                }
+            )
+        )
+        return 0
+    print(
+        f"swept {len(result.trials)} fusion settings for {metric} on these questions: "
+        f"{100 * given[metric]:.1f} as given -> {100 * result.metrics[metric]:.1f}"
+    )
+    _print_table(label, metrics, spec, ks)
+    print(f"freeze it with --retriever '{spec}' (scores above are on the questions it was fitted on)")
     return 0
