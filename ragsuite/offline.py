@@ -18,18 +18,20 @@ import os
 
 #: The variable DSPy and LiteLLM read to choose their bundled price map over a download.
 LOCAL_COST_MAP_ENV = "LITELLM_LOCAL_MODEL_COST_MAP"
+#: Where they download it from: a user who set it named that host.
+COST_MAP_URL_ENV = "LITELLM_MODEL_COST_MAP_URL"
 
 
 def use_bundled_model_metadata() -> None:
     """Have DSPy and LiteLLM price replies from the maps they ship, unless the user set
     ``LITELLM_LOCAL_MODEL_COST_MAP`` (``False`` downloads the latest prices, as those libraries do by
-    default).
+    default) or named the map's host with ``LITELLM_MODEL_COST_MAP_URL``.
 
     Called by the command line before anything imports DSPy, and by :func:`ragsuite.lm.build_lm` for library
     use; it takes effect where it runs before DSPy prices its first reply and before LiteLLM is imported.
     """
-    if not os.environ.get(LOCAL_COST_MAP_ENV):
+    if not os.environ.get(LOCAL_COST_MAP_ENV) and not os.environ.get(COST_MAP_URL_ENV):
         os.environ[LOCAL_COST_MAP_ENV] = "True"
 
 
-__all__ = ["LOCAL_COST_MAP_ENV", "use_bundled_model_metadata"]
+__all__ = ["COST_MAP_URL_ENV", "LOCAL_COST_MAP_ENV", "use_bundled_model_metadata"]

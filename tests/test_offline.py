@@ -51,7 +51,7 @@ def test_the_main_job_contacts_only_the_server_named_on_the_command_line(
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(AUDIT_HOOK)
     netlog = tmp_path / "net.log"
-    env = {k: v for k, v in os.environ.items() if k != LOCAL_COST_MAP_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (LOCAL_COST_MAP_ENV, "LITELLM_MODEL_COST_MAP_URL")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
     env["RAGSUITE_TEST_NETLOG"] = str(netlog)
     with LocalOpenAIServer(lambda request: {"answer": "Paris"}) as server:
@@ -78,16 +78,22 @@ def test_the_bundled_maps_are_chosen_unless_the_user_chose(monkeypatch: pytest.M
     from ragsuite.offline import use_bundled_model_metadata
 
     monkeypatch.delenv(LOCAL_COST_MAP_ENV, raising=False)
+    monkeypatch.delenv("LITELLM_MODEL_COST_MAP_URL", raising=False)
     use_bundled_model_metadata()
     assert os.environ[LOCAL_COST_MAP_ENV] == "True"
     monkeypatch.setenv(LOCAL_COST_MAP_ENV, "False")  # a user who wants the latest prices downloaded
     use_bundled_model_metadata()
     assert os.environ[LOCAL_COST_MAP_ENV] == "False"
+    monkeypatch.delenv(LOCAL_COST_MAP_ENV)
+    monkeypatch.setenv("LITELLM_MODEL_COST_MAP_URL", "http://prices.example/map.json")  # a host they named
+    use_bundled_model_metadata()
+    assert LOCAL_COST_MAP_ENV not in os.environ
 
 
 def test_building_an_lm_in_a_library_chooses_the_bundled_maps(monkeypatch: pytest.MonkeyPatch) -> None:
     from ragsuite.lm import build_lm
 
     monkeypatch.delenv(LOCAL_COST_MAP_ENV, raising=False)
+    monkeypatch.delenv("LITELLM_MODEL_COST_MAP_URL", raising=False)
     build_lm("openai/m", api_base="http://127.0.0.1:9/v1", cache=False)
     assert os.environ[LOCAL_COST_MAP_ENV] == "True"
