@@ -119,7 +119,13 @@ def run(args: argparse.Namespace) -> int:
     server.bind()
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without authentication: anyone who can reach it can query it", args.host)
-    print(f"serving {server.retriever.describe()['spec']} at {server.url} (Ctrl-C to stop)", flush=True)
+    # Warm before announcing the URL: the first search pays one-off costs (numba's kernel load: 1-3 s).
+    warm_up_s = server.warm_up()
+    warmed = f"warmed up in {warm_up_s:.2f} s" if warm_up_s is not None else "warm-up failed"
+    print(
+        f"serving {server.retriever.describe()['spec']} at {server.url} ({warmed}; Ctrl-C to stop)",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -10,6 +10,12 @@ Endpoints:
         the protocol of Search-R1-style retrieval servers: a hit is ``{"document": {"id", "contents"},
         "score"}`` with ``return_scores``, else the bare document; ``contents`` is ``'"title"\\ntext'``.
 
+Before it answers anything the server runs one real search (:meth:`RetrieverServer.warm_up`): a retriever's
+first search pays one-off costs (BM25 with the compiled kernel: importing numba and loading the kernel from
+its disk cache, 1-3 s on 2 busy cores, against about 1 ms for the searches after it), and those costs belong
+before ``/health`` says ok, not on the first client. ``/health`` reports the warm-up's seconds as
+``warm_up_s`` (``null`` when it failed; the server serves anyway and its searches report their own errors).
+
 Errors are ``{"error": true, "message": ...}`` with a 4xx status for bad requests (missing query, bad or
 too-large k, oversized query or body) and 500 when the retriever fails. ``text`` is ``"title | body"`` as the
 upstream servers send it, so ``dspy.ColBERTv2`` works unchanged; ``id`` and ``title`` are extras that keep
@@ -36,6 +42,8 @@ log = logging.getLogger("ragsuite.retrieval.server")
 SEARCH_PATH = "/api/search"
 HEALTH_PATH = "/health"
 RETRIEVE_PATH = "/retrieve"
+#: The server's first search when its retriever has no ``warm_up()``: common words most corpora index.
+WARM_UP_QUERY = "name of the first city, country, river, film, person and year"
 
 
 class _Server(ThreadingHTTPServer):
@@ -130,6 +138,9 @@ class RetrieverServer:
         self.max_response_bytes = max_response_bytes
         self.request_timeout = request_timeout
         self._requested_port = port
+        #: Seconds the warm-up search took (None: not run yet, or it failed).
+        self.warm_up_s: float | None = None
+        self._warmed = False
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -159,18 +170,52 @@ class RetrieverServer:
             host = f"[{host}]"
         return f"http://{host}:{self.port}{SEARCH_PATH}"
 
+    def warm_up(self) -> float | None:
+        """Run one real search, once, so that the first client's search is as fast as the later ones.
+
+        The retriever's own ``warm_up()`` when it has one (BM25 searches its first passage's words);
+        otherwise :data:`WARM_UP_QUERY`, then the words of the passage it found, which is the path a
+        matching query takes (BM25 skips its kernel for a query without an indexed word). A failure is
+        logged, not raised: the server serves anyway, and each search reports its own error.
+
+        Returns:
+            The seconds it took, or None when it failed.
+        """
+        if self._warmed:
+            return self.warm_up_s
+        self._warmed = True
+        start = time.perf_counter()
+        try:
+            own = getattr(self.retriever, "warm_up", None)
+            if callable(own):
+                own()
+            elif hits := self.retriever(WARM_UP_QUERY, 1):
+                self.retriever(hits[0].render()[: self.max_query_chars], 1)
+        except Exception as exc:  # a broken retriever still gets served, with a 500 per search
+            log.warning(
+                "the warm-up search failed (%s: %s); the first search may be slow", type(exc).__name__, exc
+            )
+            return None
+        self.warm_up_s = round(time.perf_counter() - start, 6)
+        log.info("warmed up with a search in %.3f s", self.warm_up_s)
+        return self.warm_up_s
+
     def start(self) -> RetrieverServer:
-        """Serve in a background daemon thread."""
+        """Warm up (:meth:`warm_up`), then serve in a background daemon thread."""
         httpd = self.bind()
         if self._thread is None:
+            self.warm_up()
             self._thread = threading.Thread(target=httpd.serve_forever, name="retriever-server", daemon=True)
             self._thread.start()
         return self
 
     def serve_forever(self) -> None:
-        """Serve in the calling thread until :meth:`stop` or KeyboardInterrupt."""
+        """Warm up (:meth:`warm_up`), then serve in the calling thread until :meth:`stop` or
+        KeyboardInterrupt."""
         try:
-            self.bind().serve_forever()
+            httpd = self.bind()
+            self.warm_up()
+            httpd.serve_forever()
         finally:
             self.stop()
 
@@ -269,6 +314,7 @@ class RetrieverServer:
             "max_k": self.max_k,
             "max_query_chars": self.max_query_chars,
             "max_batch": self.max_batch,
+            "warm_up_s": self.warm_up_s,
         }
 
 
