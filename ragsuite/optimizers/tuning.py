@@ -12,6 +12,11 @@ on one or several machines, share a study. ``trials`` is the study's total: re-r
 the trials still missing; give each concurrent worker its own ``seed`` so they do not propose the same
 points.
 
+:func:`tune` is :func:`run_tuning` of a :class:`TuneConfig` (the arguments, checked), in parts each usable
+alone: :func:`open_study` (storage, resume checks, defaults queued), :class:`TrialObjective` (one trial; its
+``sample_knobs`` is the search space), :func:`run_trials`, :func:`choose_trial`, :func:`chosen_program`
+(rebuilt, compiled and re-scored when compiling after the search) and :func:`write_study_files`.
+
 Example:
     >>> import dspy, ragsuite
     >>> from ragsuite.optimizers import split_dev, tune
@@ -100,11 +105,7 @@ def resolve_storage(spec: str | None, out_dir: Path | None) -> str | optuna.stor
             return None
         return f"sqlite:///{(out_dir / 'study.db').resolve()}"
     spec = spec.strip()
-    journal_path = None
-    if spec.startswith("journal:"):
-        journal_path = spec[len("journal:") :]
-    elif "://" not in spec and spec.endswith((".log", ".journal", ".jsonl")):
-        journal_path = spec
+    journal_path = _journal_path(spec)
     if journal_path is not None:
         if not journal_path:
             raise ConfigError("journal storage needs a file path, e.g. journal:/shared/studies/deepnote.log")
@@ -130,6 +131,25 @@ def resolve_storage(spec: str | None, out_dir: Path | None) -> str | optuna.stor
         f"unrecognized --storage {spec!r}: use journal:PATH (or a .log/.journal file), an SQLite file "
         "(.db), or a database URL such as postgresql://user@host/db or sqlite:///path.db"
     )
+
+
+def _journal_path(spec: str) -> str | None:
+    """The journal file a storage spec names (``journal:PATH`` or a ``.log``/``.journal`` file), else None."""
+    spec = spec.strip()
+    if spec.startswith("journal:"):
+        return spec[len("journal:") :]
+    if "://" not in spec and spec.endswith((".log", ".journal", ".jsonl")):
+        return spec
+    return None
+
+
+def _local_storage_file(backing: str | optuna.storages.BaseStorage | None, spec: str | None) -> str | None:
+    """The file on this machine that holds a study (an SQLite database or a journal), None for a server or
+    memory: read from the spec, never from the storage object's private attributes."""
+    if isinstance(backing, str) and backing.startswith("sqlite:///"):
+        return backing[len("sqlite:///") :]
+    journal = _journal_path(spec) if spec else None
+    return str(Path(journal).expanduser()) if journal else None
 
 
 def _drop_torn_journal_tail(path: Path) -> int:
@@ -210,14 +230,9 @@ def _locking_sqlite(url: str) -> optuna.storages.RDBStorage:
 
 
 @contextlib.contextmanager
-def _exclusive(storage: str | optuna.storages.BaseStorage | None) -> Any:
-    """Hold a lock beside a local storage file (an SQLite or journal file) so that workers on this machine
-    take turns; storages on a server are left unlocked."""
-    path = None
-    if isinstance(storage, str) and storage.startswith("sqlite:///"):
-        path = storage[len("sqlite:///") :]
-    elif isinstance(storage, optuna.storages.JournalStorage):
-        path = getattr(getattr(storage, "_backend", None), "_file_path", None)
+def _exclusive(path: str | None) -> Any:
+    """Hold a lock beside a local storage file (an SQLite or journal file, see :func:`_local_storage_file`)
+    so that workers on this machine take turns; storages on a server (``path`` None) are left unlocked."""
     if not path:
         yield
         return
@@ -532,7 +547,8 @@ def _alive(pid: int) -> bool:
 def fail_orphaned_trials(study: optuna.Study, *, host: str | None = None) -> list[int]:
     """Mark FAIL the RUNNING trials whose worker process on this host is gone (killed mid-trial).
 
-    Trials of other hosts are left alone: whether their workers live cannot be told from here.
+    Trials of other hosts are left alone: whether their workers live cannot be told from here. The state is
+    set through ``study.tell``, Optuna's public way to finish a trial by number.
     """
     host = host or socket.gethostname()
     failed = []
@@ -541,8 +557,8 @@ def fail_orphaned_trials(study: optuna.Study, *, host: str | None = None) -> lis
         if owner_host != host or not pid.isdigit() or _alive(int(pid)):
             continue
         try:
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            study.tell(trial.number, state=TrialState.FAIL)
+        except (RuntimeError, ValueError, optuna.exceptions.UpdateFinishedTrialError):
             continue  # another worker got there first
         failed.append(trial.number)
     if failed:
@@ -552,7 +568,521 @@ def fail_orphaned_trials(study: optuna.Study, *, host: str | None = None) -> lis
     return failed
 
 
+# ------------------------------------------------------------------------------------------- configuration
+def _tunable_class(program: str | type[RAGProgram]) -> type[RAGProgram]:
+    cls = _program_class(program)
+    if not _has_search_space(cls):
+        raise ConfigError(
+            f"program {cls.name!r} declares no search space; implement {cls.__name__}.search_space(trial)"
+        )
+    return cls
+
+
+def _checked_objectives(objectives: Sequence[str], *, prune: bool) -> tuple[str, ...]:
+    objectives = tuple(objectives)
+    unknown = [o for o in objectives if o not in OBJECTIVES]
+    if unknown or not objectives or objectives[0] != "quality" or len(set(objectives)) != len(objectives):
+        raise ConfigError(
+            f"objectives must be 'quality' followed by distinct costs from {OBJECTIVES[1:]}, not {objectives}"
+        )
+    if prune and len(objectives) > 1:
+        raise ConfigError(
+            "pruning works with a single objective (quality) only; Optuna cannot prune Pareto studies"
+        )
+    return objectives
+
+
+def _check_compile(optimizer: str | None, *, each: bool, trainset: Sequence[Any] | None) -> None:
+    if optimizer is None:
+        if each:
+            raise ConfigError("compile_each needs compile=OPTIMIZER")
+        return
+    from ragsuite.optimizers.compile import OPTIMIZERS
+
+    if optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown optimizer {optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    if not trainset:
+        raise ConfigError("compile needs a trainset (examples disjoint from the validation set)")
+
+
+@dataclass
+class TuneConfig:
+    """One tuning run, checked when built: :func:`tune`'s arguments (same names and meanings) and the
+    settings derived from them. Nothing is opened or written until :func:`open_study`.
+
+    Attributes:
+        cls: The program class (set from ``program``).
+        task: The dataset's answer task.
+        quality: The metric maximized as quality (``quality_metric`` or the dataset's default).
+        examples: The validation examples in the order trials score them (seeded shuffle under pruning).
+    """
+
+    program: str | type[RAGProgram]
+    dataset: str
+    valset: Sequence[dspy.Example]
+    retriever: Retriever | None = None
+    lm: dspy.LM | None = None
+    trials: int = 20
+    objectives: Sequence[str] = ("quality",)
+    quality_metric: str | None = None
+    out_dir: str | os.PathLike[str] | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    sampler: SamplerName = "tpe"
+    seed: int = 0
+    threads: int = 8
+    prune: bool = False
+    prune_every: int | None = None
+    pruner: optuna.pruners.BasePruner | None = None
+    compile: str | None = None
+    compile_each: bool = False
+    trainset: Sequence[dspy.Example] | None = None
+    compile_options: dict[str, Any] | None = None
+    teacher_lm: dspy.LM | None = None
+    pick: int | None = None
+    program_kwargs: dict[str, Any] | None = None
+    stage_lms: dict[str, dspy.BaseLM] | None = None
+    evaluate_fn: Callable[..., Any] | None = None
+    run_config: dict[str, Any] | None = None
+    progress: bool = False
+    cls: type[RAGProgram] = field(init=False)
+    task: str = field(init=False)
+    quality: str = field(init=False)
+    examples: list[dspy.Example] = field(init=False)
+
+    def __post_init__(self) -> None:
+        from ragsuite.data.datasets import get_dataset_info
+        from ragsuite.optimizers.compile import optimization_metric
+
+        self.cls = _tunable_class(self.program)
+        self.objectives = _checked_objectives(self.objectives, prune=self.prune)
+        if self.trials < 1:
+            raise ConfigError("trials must be >= 1")
+        self.valset = list(self.valset)
+        if not self.valset:
+            raise ConfigError("the validation set is empty")
+        _check_compile(self.compile, each=self.compile_each, trainset=self.trainset)
+        info = get_dataset_info(self.dataset)
+        self.task = info.task
+        self.quality = self.quality_metric or optimization_metric(self.dataset)
+        if self.quality not in info.metrics:
+            raise ConfigError(
+                f"quality metric {self.quality!r} is not one of {self.dataset}'s metrics; choose one of: "
+                f"{', '.join(info.metrics)}"
+            )
+        if self.evaluate_fn is None:
+            from ragsuite.evaluation import evaluate
+
+            self.evaluate_fn = evaluate
+        self.out_dir = Path(self.out_dir).expanduser() if self.out_dir is not None else None
+        self.program_kwargs = dict(self.program_kwargs or {})
+        self.study_name = self.study_name or f"{self.cls.name}-{self.dataset}-{'+'.join(self.objectives)}"
+        if self.prune and self.pruner is None:
+            self.pruner = optuna.pruners.MedianPruner(n_startup_trials=3)
+        self.examples = list(self.valset)
+        if self.prune:
+            random.Random(self.seed).shuffle(self.examples)
+
+    @property
+    def out(self) -> Path | None:
+        return self.out_dir  # type: ignore[return-value]  # a Path once checked
+
+    @property
+    def name(self) -> str:
+        return str(self.study_name)
+
+    @property
+    def directions(self) -> list[str]:
+        return ["maximize"] + ["minimize"] * (len(self.objectives) - 1)
+
+    @property
+    def files_dir(self) -> Path | None:
+        """The study's own folder in ``out_dir`` (program file, trials, Pareto front)."""
+        return self.out / study_dir_name(self.name) if self.out is not None else None
+
+    @property
+    def report_every(self) -> int:
+        """Examples between pruning reports."""
+        return self.prune_every or max(1, len(self.examples) // 4)
+
+    def run_lm(self) -> Any:
+        """The LM trials run with: ``lm``, else the one in effect."""
+        return self.lm if self.lm is not None else dspy.settings.lm
+
+    def study_config(self) -> dict[str, Any]:
+        """What defines the study, stored with it and compared when it is resumed (JSON, credentials
+        masked)."""
+        from ragsuite.evaluation import example_id, examples_fingerprint
+
+        return _jsonable(
+            {
+                "program": self.cls.name,
+                # Stage objects (filter=, blend=) enter the config as the settings that rebuild them.
+                "program_kwargs": {
+                    k: v.describe() if hasattr(v, "describe") else v
+                    for k, v in (self.program_kwargs or {}).items()
+                },
+                "dataset": self.dataset,
+                "valset": {
+                    "size": len(self.valset),
+                    "ids": examples_fingerprint([example_id(ex, i) for i, ex in enumerate(self.valset)]),
+                },
+                "quality_metric": self.quality,
+                "objectives": list(self.objectives),
+                "lm": _lm_config(self.run_lm()),
+                "stage_lms": {stage: _lm_config(lm) for stage, lm in (self.stage_lms or {}).items()},
+                "retriever": _retriever_config(self.retriever),
+                "compile": {"optimizer": self.compile, "each": self.compile_each} if self.compile else None,
+                **(self.run_config or {}),
+            }
+        )
+
+
+# ------------------------------------------------------------------------------------------- the study
+def open_study(config: TuneConfig) -> optuna.Study:
+    """Create the study, or resume it: check that it was run with the same configuration, fail the trials
+    dead workers on this host left running, reseed the sampler past the trials it holds, and queue the
+    program's defaults as the first trial of a new study."""
+    if config.out is not None:
+        config.out.mkdir(parents=True, exist_ok=True)
+    backing = resolve_storage(config.storage, config.out)
+    study = _create_study(
+        backing,
+        config.name,
+        config.directions,
+        make_sampler(config.sampler, seed=config.seed, n_objectives=len(config.objectives)),
+        config.pruner if config.prune and config.pruner is not None else optuna.pruners.NopPruner(),
+    )
+    _check_study_config(study, config.study_config())
+    metric_names = [config.quality, *config.objectives[1:]]
+    if study.metric_names != metric_names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(metric_names)
+    fail_orphaned_trials(study)
+    if study.trials:
+        study.sampler = make_sampler(
+            config.sampler,
+            seed=_resumed_seed(config.seed, len(study.trials)),
+            n_objectives=len(config.objectives),
+        )
+    with _exclusive(_local_storage_file(backing, config.storage)):  # workers starting together see it empty
+        if not study.trials:
+            defaults = {
+                k: v
+                for k, v in config.cls.default_knobs().items()
+                if isinstance(v, (bool, int, float, str)) and k not in (config.program_kwargs or {})
+            }
+            study.enqueue_trial(defaults, skip_if_exists=True)
+    return study
+
+
+def _finished_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=_FINISHED))
+
+
+def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Any], config: TuneConfig) -> None:
+    """Run the trials the study still lacks to hold ``config.trials`` finished (or pruned) ones."""
+
+    def stop_when_full(study_: optuna.Study, _trial: FrozenTrial) -> None:
+        # Other workers' finished trials count too. Running ones do not: a worker killed mid-trial leaves its
+        # trial RUNNING forever, which must not block the study. So W workers may end W-1 trials over.
+        if _finished_trials(study_) >= config.trials:
+            study_.stop()
+
+    remaining = config.trials - _finished_trials(study)
+    if remaining <= 0:
+        log.info("study %s already has %d finished trials; nothing to run", config.name, config.trials)
+        return
+    log.info("study %s: running %d of %d trials", config.name, remaining, config.trials)
+    study.optimize(
+        objective,
+        n_trials=remaining,
+        callbacks=[stop_when_full],
+        gc_after_trial=False,
+        show_progress_bar=config.progress,
+    )
+
+
+# ------------------------------------------------------------------------------------------- the trials
+class TrialPrograms:
+    """Builds, compiles and scores the programs of a study's trials, under the run's LM and stage LMs."""
+
+    def __init__(self, config: TuneConfig) -> None:
+        self.config = config
+
+    def lm_scope(self) -> contextlib.AbstractContextManager[Any]:
+        return dspy.context(lm=self.config.lm) if self.config.lm is not None else contextlib.nullcontext()
+
+    def _with_stage_lms(self, built: RAGProgram) -> RAGProgram:
+        if self.config.stage_lms:
+            from ragsuite.lm import set_stage_lms
+
+            set_stage_lms(built, self.config.stage_lms)
+        return built
+
+    def build(self, knobs: dict[str, Any]) -> RAGProgram:
+        """The program with ``knobs`` and the fixed constructor arguments."""
+        config = self.config
+        try:
+            # Each trial gets its own copy of any stage, so one trial's compiled prompts stay its own.
+            own = {
+                k: copy.deepcopy(v) if isinstance(v, dspy.Module) else v
+                for k, v in (config.program_kwargs or {}).items()
+            }
+            built = config.cls(retriever=config.retriever, task=config.task, **own, **knobs)
+        except TypeError as exc:
+            raise ConfigError(f"cannot build {config.cls.name} with knobs {knobs}: {exc}") from exc
+        return self._with_stage_lms(built)
+
+    def load(self, path: str | os.PathLike[str]) -> RAGProgram:
+        """A trial's compiled program, from the program file it was saved to."""
+        from ragsuite.programs.program_file import load_program
+
+        fixed = self.config.program_kwargs or {}
+        return self._with_stage_lms(load_program(path, retriever=self.config.retriever, **fixed))
+
+    def compile(self, built: RAGProgram) -> RAGProgram:
+        from ragsuite.data.metrics import metric_for
+        from ragsuite.optimizers.compile import compile_program
+
+        config = self.config
+        return compile_program(
+            built,
+            list(config.trainset or []),
+            config.valset,
+            optimizer=config.compile,  # type: ignore[arg-type]
+            metric=metric_for(config.dataset, metric=config.quality),
+            dataset=config.dataset,
+            teacher_lm=config.teacher_lm,
+            seed=config.seed,
+            threads=config.threads,
+            **(config.compile_options or {}),
+        )
+
+    def score(self, built: RAGProgram, label: int | str, knobs: dict[str, Any], on_record: Any = None) -> Any:
+        """Evaluate ``built`` on the validation examples; every example failing is an error."""
+        config = self.config
+        assert config.evaluate_fn is not None  # set when the configuration is checked
+        result = config.evaluate_fn(
+            built,
+            config.examples,
+            dataset=config.dataset,
+            threads=config.threads,
+            progress=False,
+            on_record=on_record,
+        )
+        if not getattr(result, "n", 1):
+            first = next((r["error"] for r in result.records if r.get("error")), None)
+            raise ConfigError(
+                f"every example failed in trial {label} (knobs {knobs}): {first or 'none was scored'}"
+            )
+        return result
+
+
+def _result_attrs(result: Any, asked: int) -> dict[str, Any]:
+    """What a trial keeps of its evaluation: metrics, mean costs, questions asked and failed."""
+    return {
+        "metrics": dict(result.metrics),
+        "cost": {k: float(v) for k, v in dict(result.cost).items()},
+        "asked": asked,
+        "errors": asked - min(int(getattr(result, "n", asked)), asked),
+    }
+
+
+class TrialObjective:
+    """The study's objective: a trial samples knobs, builds (and with ``compile_each`` compiles and saves)
+    the program, scores it and returns the objective values."""
+
+    def __init__(self, config: TuneConfig, programs: TrialPrograms) -> None:
+        self.config, self.programs = config, programs
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        # The worker's own LM sampling seed: not part of the study (see _WORKER_LM_SETTINGS), kept per trial.
+        self.lm_seed = (getattr(config.run_lm(), "kwargs", None) or {}).get("seed")
+
+    def sample_knobs(self, trial: optuna.Trial) -> dict[str, Any]:
+        """The search space: the knobs this trial tries."""
+        knobs = self.config.cls.search_space(trial)
+        if not isinstance(knobs, dict) or not knobs:
+            raise ConfigError(
+                f"{self.config.cls.__name__}.search_space must return a non-empty dict of knobs"
+            )
+        return knobs
+
+    def __call__(self, trial: optuna.Trial) -> list[float] | float:
+        config = self.config
+        # First, so that a trial killed at any point can be traced to its (dead) worker.
+        trial.set_user_attr("worker", self.worker)
+        trial.set_user_attr("lm_seed", self.lm_seed)
+        knobs = self.sample_knobs(trial)
+        trial.set_user_attr("knobs", knobs)
+        built = self.programs.build(knobs)
+        asked = len(config.examples)
+        on_record = (
+            _PruneReporter(trial, config.quality, asked, config.report_every) if config.prune else None
+        )
+        with self.programs.lm_scope():
+            if config.compile_each:
+                built = self.programs.compile(built)
+                self._save(trial, built)
+            result = self.programs.score(built, trial.number, knobs, on_record)
+        values = objective_values(config.objectives, config.quality, result, asked=asked)
+        for key, value in _result_attrs(result, asked).items():
+            trial.set_user_attr(key, value)
+        log.info("trial %d %s -> %s", trial.number, knobs, dict(zip(config.objectives, values, strict=True)))
+        return values if len(values) > 1 else values[0]
+
+    def _save(self, trial: optuna.Trial, built: RAGProgram) -> None:
+        if self.config.files_dir is None:
+            return
+        from ragsuite.programs.program_file import save_program
+
+        path = save_program(built, self.config.files_dir / "trials" / f"trial-{trial.number}.json")
+        trial.set_user_attr("program_file", str(path))
+
+
+# ------------------------------------------------------------------------------------------- the choice
+def choose_trial(study: optuna.Study, config: TuneConfig) -> tuple[FrozenTrial, list[FrozenTrial]]:
+    """The trial to write (``config.pick``, else the highest-quality Pareto trial) and the Pareto front."""
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not completed:
+        raise ConfigError(f"study {config.name!r} has no completed trial (all pruned or failed)")
+    front = pareto_front(study)
+    if config.pick is None:
+        return front[0], front
+    chosen = next((t for t in completed if t.number == config.pick), None)
+    if chosen is None:
+        raise ConfigError(f"trial {config.pick} is not a completed trial of study {config.name!r}")
+    return chosen, front
+
+
+@dataclass
+class ChosenProgram:
+    """The chosen trial's program as it is written, and its scores.
+
+    Attributes:
+        program: Built with the trial's knobs (compiled when the run compiles).
+        values: Its objective values: the trial's, or the compiled program's own; None when unscored.
+        metrics: Its metrics, as ``values``.
+        cost: Its mean costs, as ``values``.
+        unscored: Why the compiled program could not be scored (it is written anyway), else None.
+    """
+
+    program: RAGProgram
+    values: list[float] | None
+    metrics: dict[str, Any] | None
+    cost: dict[str, Any] | None
+    unscored: ConfigError | None = None
+
+
+def chosen_program(config: TuneConfig, programs: TrialPrograms, chosen: FrozenTrial) -> ChosenProgram:
+    """Rebuild the chosen trial's program; compile it and score it again when the run compiles after the
+    search (compiling changes the program, so the trial's score is not the saved program's)."""
+    knobs = dict(chosen.user_attrs.get("knobs", chosen.params))
+    saved_file = chosen.user_attrs.get("program_file")
+    if saved_file and Path(saved_file).is_file():
+        best = programs.load(saved_file)
+    else:
+        best = programs.build(knobs)
+    metrics, cost = chosen.user_attrs.get("metrics"), chosen.user_attrs.get("cost")
+    if config.compile is None or saved_file:
+        return ChosenProgram(best, list(chosen.values), metrics, cost)
+    with programs.lm_scope():
+        best = programs.compile(best)
+        try:
+            result = programs.score(best, f"{chosen.number} (compiled)", knobs)
+        except ConfigError as exc:
+            return ChosenProgram(best, None, None, None, unscored=exc)  # the compile is paid for: save it
+    values = objective_values(config.objectives, config.quality, result, asked=len(config.examples))
+    attrs = _result_attrs(result, len(config.examples))
+    return ChosenProgram(best, values, attrs["metrics"], attrs["cost"])
+
+
+def tuning_metadata(config: TuneConfig, chosen: FrozenTrial, final: ChosenProgram) -> dict[str, Any]:
+    """What the program file records of the search: the written program's scores and the study."""
+    storage = redact_storage(config.storage) if config.storage else None
+    return {
+        "metrics": final.metrics,
+        "cost": final.cost,
+        "tuning": {
+            "study": config.name,
+            "storage": storage or ("sqlite (out dir)" if config.out is not None else "memory"),
+            "trial": chosen.number,
+            "objectives": list(config.objectives),
+            "values": final.values,
+            "trial_values": list(chosen.values),
+            "quality_metric": config.quality,
+            "dataset": config.dataset,
+            "valset_size": len(config.valset),
+            "trials": config.trials,
+            "seed": config.seed,
+            "compile": config.compile,
+            "compile_each": config.compile_each,
+        },
+    }
+
+
+# ------------------------------------------------------------------------------------------- the files
+def write_study_files(
+    config: TuneConfig,
+    study: optuna.Study,
+    program: RAGProgram,
+    metadata: dict[str, Any],
+    pareto: list[dict[str, Any]],
+) -> dict[str, Path]:
+    """Write the study's folder: ``best.json`` (the program file), ``trials.json``, and for several
+    objectives ``pareto.json`` and ``pareto.png`` (left out, with a warning, without matplotlib)."""
+    from ragsuite.programs.program_file import save_program
+
+    files_dir = config.files_dir
+    if files_dir is None:
+        raise ConfigError("writing a study's files needs out_dir")
+    files = {
+        "program": save_program(program, files_dir / "best.json", metadata=metadata),
+        "trials": _write_json(files_dir / "trials.json", [summarize_trial(t) for t in study.trials]),
+    }
+    if len(config.objectives) < 2:
+        return files
+    front = {"study": config.name, "objectives": list(config.objectives), "directions": config.directions}
+    files["pareto_json"] = _write_json(files_dir / "pareto.json", {**front, "front": pareto})
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    try:
+        files["pareto_png"] = plot_pareto(
+            study,
+            config.objectives,
+            files_dir / "pareto.png",
+            title=f"{config.cls.name} on {config.dataset}: {len(completed)} trials",
+            quality=config.quality,
+        )
+    except MissingExtraError as exc:
+        log.warning("%s; pareto.json was written without the plot", exc)
+    return files
+
+
 # ------------------------------------------------------------------------------------------- tune
+def run_tuning(config: TuneConfig) -> TuneResult:
+    """Run a checked tuning configuration: open the study, run its missing trials, choose a trial, rebuild
+    (and compile) its program and write the study's files. See :func:`tune`."""
+    study = open_study(config)
+    programs = TrialPrograms(config)
+    run_trials(study, TrialObjective(config, programs), config)
+    chosen, front = choose_trial(study, config)
+    final = chosen_program(config, programs, chosen)
+    metadata = tuning_metadata(config, chosen, final)
+    pareto = [summarize_trial(t) for t in front]
+    files = (
+        write_study_files(config, study, final.program, metadata, pareto) if config.out is not None else {}
+    )
+    final.program.optimization = {**dict(getattr(final.program, "optimization", None) or {}), **metadata}
+    if final.unscored is not None:
+        where = f"saved unscored to {files['program']}" if "program" in files else "not saved (no out_dir)"
+        raise ConfigError(f"{final.unscored}; the compiled program was {where}") from final.unscored
+    knobs = dict(chosen.user_attrs.get("knobs", chosen.params))
+    return TuneResult(
+        study, tuple(config.objectives), chosen, knobs, final.program, pareto, files, final.values
+    )
+
+
 def tune(
     program: str | type[RAGProgram],
     *,
@@ -636,296 +1166,34 @@ def tune(
             picked trial that did not complete, a study whose trials all failed or were pruned, or a study
             that was run with another configuration.
     """
-    from ragsuite.data.datasets import get_dataset_info
-
-    cls = _program_class(program)
-    if not _has_search_space(cls):
-        raise ConfigError(
-            f"program {cls.name!r} declares no search space; implement {cls.__name__}.search_space(trial)"
-        )
-    objectives = tuple(objectives)
-    unknown = [o for o in objectives if o not in OBJECTIVES]
-    if unknown or not objectives or objectives[0] != "quality" or len(set(objectives)) != len(objectives):
-        raise ConfigError(
-            f"objectives must be 'quality' followed by distinct costs from {OBJECTIVES[1:]}, not {objectives}"
-        )
-    if prune and len(objectives) > 1:
-        raise ConfigError(
-            "pruning works with a single objective (quality) only; Optuna cannot prune Pareto studies"
-        )
-    if trials < 1:
-        raise ConfigError("trials must be >= 1")
-    valset = list(valset)
-    if not valset:
-        raise ConfigError("the validation set is empty")
-    if compile is not None:
-        from ragsuite.optimizers.compile import OPTIMIZERS
-
-        if compile not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {compile!r}; choose one of: {', '.join(OPTIMIZERS)}")
-        if not trainset:
-            raise ConfigError("compile needs a trainset (examples disjoint from the validation set)")
-    elif compile_each:
-        raise ConfigError("compile_each needs compile=OPTIMIZER")
-    from ragsuite.optimizers.compile import optimization_metric
-
-    info = get_dataset_info(dataset)
-    quality = quality_metric or optimization_metric(dataset)
-    if quality not in info.metrics:
-        raise ConfigError(
-            f"quality metric {quality!r} is not one of {dataset}'s metrics; choose one of: "
-            f"{', '.join(info.metrics)}"
-        )
-    if evaluate_fn is None:
-        from ragsuite.evaluation import evaluate as evaluate_fn
-    out = Path(out_dir).expanduser() if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    fixed = dict(program_kwargs or {})
-    name = study_name or f"{cls.name}-{dataset}-{'+'.join(objectives)}"
-    directions = ["maximize"] + ["minimize"] * (len(objectives) - 1)
-    if prune and pruner is None:
-        pruner = optuna.pruners.MedianPruner(n_startup_trials=3)
-    files_dir = out / study_dir_name(name) if out is not None else None
-    backing = resolve_storage(storage, out)
-    study = _create_study(
-        backing,
-        name,
-        directions,
-        make_sampler(sampler, seed=seed, n_objectives=len(objectives)),
-        pruner if prune else optuna.pruners.NopPruner(),
+    config = TuneConfig(
+        program=program,
+        dataset=dataset,
+        valset=valset,
+        retriever=retriever,
+        lm=lm,
+        trials=trials,
+        objectives=objectives,
+        quality_metric=quality_metric,
+        out_dir=out_dir,
+        storage=storage,
+        study_name=study_name,
+        sampler=sampler,
+        seed=seed,
+        threads=threads,
+        prune=prune,
+        prune_every=prune_every,
+        pruner=pruner,
+        compile=compile,
+        compile_each=compile_each,
+        trainset=trainset,
+        compile_options=compile_options,
+        teacher_lm=teacher_lm,
+        pick=pick,
+        program_kwargs=program_kwargs,
+        stage_lms=stage_lms,
+        evaluate_fn=evaluate_fn,
+        run_config=run_config,
+        progress=progress,
     )
-    from ragsuite.evaluation import example_id, examples_fingerprint
-
-    _check_study_config(
-        study,
-        _jsonable(
-            {
-                "program": cls.name,
-                # Stage objects (filter=, blend=) enter the config as the settings that rebuild them.
-                "program_kwargs": {
-                    k: v.describe() if hasattr(v, "describe") else v for k, v in fixed.items()
-                },
-                "dataset": dataset,
-                "valset": {
-                    "size": len(valset),
-                    "ids": examples_fingerprint([example_id(ex, i) for i, ex in enumerate(valset)]),
-                },
-                "quality_metric": quality,
-                "objectives": list(objectives),
-                "lm": _lm_config(lm if lm is not None else dspy.settings.lm),
-                "stage_lms": {stage: _lm_config(stage_lm) for stage, stage_lm in (stage_lms or {}).items()},
-                "retriever": _retriever_config(retriever),
-                "compile": {"optimizer": compile, "each": compile_each} if compile else None,
-                **(run_config or {}),
-            }
-        ),
-    )
-    metric_names = [quality, *objectives[1:]]
-    if study.metric_names != metric_names:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(metric_names)
-    fail_orphaned_trials(study)
-    if study.trials:
-        study.sampler = make_sampler(
-            sampler, seed=_resumed_seed(seed, len(study.trials)), n_objectives=len(objectives)
-        )
-    examples = list(valset)
-    if prune:
-        random.Random(seed).shuffle(examples)
-    every = prune_every or max(1, len(examples) // 4)
-
-    def lm_scope() -> contextlib.AbstractContextManager[Any]:
-        return dspy.context(lm=lm) if lm is not None else contextlib.nullcontext()
-
-    def with_stage_lms(built: RAGProgram) -> RAGProgram:
-        if stage_lms:
-            from ragsuite.lm import set_stage_lms
-
-            set_stage_lms(built, stage_lms)
-        return built
-
-    def build(knobs: dict[str, Any]) -> RAGProgram:
-        try:
-            # Each trial gets its own copy of any stage, so one trial's compiled prompts stay its own.
-            own = {k: copy.deepcopy(v) if isinstance(v, dspy.Module) else v for k, v in fixed.items()}
-            built = cls(retriever=retriever, task=info.task, **own, **knobs)
-        except TypeError as exc:
-            raise ConfigError(f"cannot build {cls.name} with knobs {knobs}: {exc}") from exc
-        return with_stage_lms(built)
-
-    def compile_for(built: RAGProgram) -> RAGProgram:
-        from ragsuite.data.metrics import metric_for
-        from ragsuite.optimizers.compile import compile_program
-
-        return compile_program(
-            built,
-            list(trainset or []),
-            valset,
-            optimizer=compile,  # type: ignore[arg-type]
-            metric=metric_for(dataset, metric=quality),
-            dataset=dataset,
-            teacher_lm=teacher_lm,
-            seed=seed,
-            threads=threads,
-            **(compile_options or {}),
-        )
-
-    worker = f"{socket.gethostname()}:{os.getpid()}"
-    # The worker's own LM sampling seed: not part of the study (see _WORKER_LM_SETTINGS), kept per trial.
-    lm_seed = (getattr(lm if lm is not None else dspy.settings.lm, "kwargs", None) or {}).get("seed")
-
-    def score(
-        built: RAGProgram, trial_number: int | str, knobs: dict[str, Any], on_record: Any = None
-    ) -> Any:
-        result = evaluate_fn(
-            built, examples, dataset=dataset, threads=threads, progress=False, on_record=on_record
-        )
-        if not getattr(result, "n", 1):
-            first = next((r["error"] for r in result.records if r.get("error")), None)
-            raise ConfigError(
-                f"every example failed in trial {trial_number} (knobs {knobs}): {first or 'none was scored'}"
-            )
-        return result
-
-    def objective(trial: optuna.Trial) -> list[float] | float:
-        # First, so that a trial killed at any point can be traced to its (dead) worker.
-        trial.set_user_attr("worker", worker)
-        trial.set_user_attr("lm_seed", lm_seed)
-        knobs = cls.search_space(trial)
-        if not isinstance(knobs, dict) or not knobs:
-            raise ConfigError(f"{cls.__name__}.search_space must return a non-empty dict of knobs")
-        trial.set_user_attr("knobs", knobs)
-        built = build(knobs)
-        on_record = _PruneReporter(trial, quality, len(examples), every) if prune else None
-        with lm_scope():
-            if compile_each:
-                built = compile_for(built)
-                if files_dir is not None:
-                    from ragsuite.programs.program_file import save_program
-
-                    path = save_program(built, files_dir / "trials" / f"trial-{trial.number}.json")
-                    trial.set_user_attr("program_file", str(path))
-            result = score(built, trial.number, knobs, on_record)
-        values = objective_values(objectives, quality, result, asked=len(examples))
-        trial.set_user_attr("metrics", dict(result.metrics))
-        trial.set_user_attr("cost", {k: float(v) for k, v in dict(result.cost).items()})
-        trial.set_user_attr("asked", len(examples))
-        trial.set_user_attr(
-            "errors", len(examples) - min(int(getattr(result, "n", len(examples))), len(examples))
-        )
-        log.info("trial %d %s -> %s", trial.number, knobs, dict(zip(objectives, values, strict=True)))
-        return values if len(values) > 1 else values[0]
-
-    def counted(states: Sequence[TrialState]) -> int:
-        return len(study.get_trials(deepcopy=False, states=tuple(states)))
-
-    def stop_when_full(study_: optuna.Study, _trial: FrozenTrial) -> None:
-        # Other workers' finished trials count too. Running ones do not: a worker killed mid-trial leaves its
-        # trial RUNNING forever, which must not block the study. So W workers may end W-1 trials over.
-        if counted(_FINISHED) >= trials:
-            study_.stop()
-
-    with _exclusive(backing):  # workers starting together would each find the study empty
-        if not study.trials:
-            defaults = {
-                k: v
-                for k, v in cls.default_knobs().items()
-                if isinstance(v, (bool, int, float, str)) and k not in fixed
-            }
-            study.enqueue_trial(defaults, skip_if_exists=True)
-    remaining = trials - counted(_FINISHED)
-    if remaining > 0:
-        log.info("study %s: running %d of %d trials", name, remaining, trials)
-        study.optimize(
-            objective,
-            n_trials=remaining,
-            callbacks=[stop_when_full],
-            gc_after_trial=False,
-            show_progress_bar=progress,
-        )
-    else:
-        log.info("study %s already has %d finished trials; nothing to run", name, trials)
-
-    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not completed:
-        raise ConfigError(f"study {name!r} has no completed trial (all pruned or failed)")
-    front = pareto_front(study)
-    if pick is not None:
-        chosen = next((t for t in completed if t.number == pick), None)
-        if chosen is None:
-            raise ConfigError(f"trial {pick} is not a completed trial of study {name!r}")
-    else:
-        chosen = front[0]
-    knobs = dict(chosen.user_attrs.get("knobs", chosen.params))
-    files: dict[str, Path] = {}
-    if "program_file" in chosen.user_attrs and Path(chosen.user_attrs["program_file"]).is_file():
-        from ragsuite.programs.program_file import load_program
-
-        best = with_stage_lms(load_program(chosen.user_attrs["program_file"], retriever=retriever, **fixed))
-    else:
-        best = build(knobs)
-    saved_values: list[float] | None = list(chosen.values)
-    saved_metrics, saved_cost = chosen.user_attrs.get("metrics"), chosen.user_attrs.get("cost")
-    unscored: ConfigError | None = None
-    if compile is not None and "program_file" not in chosen.user_attrs:
-        # Compiling changes the program, so the trial's score is not the saved program's: score it again.
-        with lm_scope():
-            best = compile_for(best)
-            try:
-                result = score(best, f"{chosen.number} (compiled)", knobs)
-            except ConfigError as exc:
-                unscored = exc  # the compile is paid for: save it unscored, then report
-        if unscored is None:
-            saved_values = objective_values(objectives, quality, result, asked=len(examples))
-            saved_metrics = dict(result.metrics)
-            saved_cost = {k: float(v) for k, v in dict(result.cost).items()}
-        else:
-            saved_values = saved_metrics = saved_cost = None
-    metadata = {
-        "metrics": saved_metrics,
-        "cost": saved_cost,
-        "tuning": {
-            "study": name,
-            "storage": redact_storage(storage) if storage else ("sqlite (out dir)" if out else "memory"),
-            "trial": chosen.number,
-            "objectives": list(objectives),
-            "values": saved_values,
-            "trial_values": list(chosen.values),
-            "quality_metric": quality,
-            "dataset": dataset,
-            "valset_size": len(valset),
-            "trials": trials,
-            "seed": seed,
-            "compile": compile,
-            "compile_each": compile_each,
-        },
-    }
-    pareto = [summarize_trial(t) for t in front]
-    if out is not None:
-        from ragsuite.programs.program_file import save_program
-
-        assert files_dir is not None
-        files["program"] = save_program(best, files_dir / "best.json", metadata=metadata)
-        files["trials"] = _write_json(files_dir / "trials.json", [summarize_trial(t) for t in study.trials])
-        if len(objectives) > 1:
-            files["pareto_json"] = _write_json(
-                files_dir / "pareto.json",
-                {"study": name, "objectives": list(objectives), "directions": directions, "front": pareto},
-            )
-            try:
-                files["pareto_png"] = plot_pareto(
-                    study,
-                    objectives,
-                    files_dir / "pareto.png",
-                    title=f"{cls.name} on {dataset}: {len(completed)} trials",
-                    quality=quality,
-                )
-            except MissingExtraError as exc:
-                log.warning("%s; pareto.json was written without the plot", exc)
-    best.optimization = {**dict(getattr(best, "optimization", None) or {}), **metadata}
-    if unscored is not None:
-        where = f"saved unscored to {files['program']}" if "program" in files else "not saved (no out_dir)"
-        raise ConfigError(f"{unscored}; the compiled program was {where}") from unscored
-    return TuneResult(study, objectives, chosen, knobs, best, pareto, files, saved_values)
+    return run_tuning(config)
