@@ -423,3 +423,69 @@ def test_sweep_fits_weights_on_gold_passages():
     assert result.retriever.weights[1] > result.retriever.weights[0]
     assert set(result.metrics) == {"recall@1", "all_gold@1", "recall@3", "all_gold@3"}
 
+
+def test_a_tune_study_searches_the_fusion_weights(tmp_path):
+    """With tune_retriever, every trial's params hold the fusion knobs, the program of each trial retrieves
+    through a hybrid with exactly those settings, the first trial is the hybrid as given, and the written
+    program keeps the chosen trial's fusion."""
+    import json
+
+    import optimizer_toys as toys
+
+    from ragsuite.optimizers import tune
+
+    seen: list[dict] = []
+
+    def spy_evaluate(program, examples, **kwargs):
+        seen.append(program.retriever.describe())
+        return toys.toy_evaluate(program, examples, **kwargs)
+
+    hybrid = HybridRetriever([toys.ToyRetriever(), toys.ToyRetriever()], mode="rrf", weights=[0.6, 0.4])
+    with toys.registered():
+        result = tune(
+            toys.ToyProgram,
+            dataset="hotpotqa",
+            valset=toys.examples(2),
+            retriever=hybrid,
+            lm=toys.scripted_lm(),
+            trials=5,
+            out_dir=tmp_path,
+            threads=1,
+            seed=0,
+            evaluate_fn=spy_evaluate,
+            quality_metric="accuracy",
+            tune_retriever=True,
+        )
+    trials = result.study.trials
+    assert len(trials) == len(seen) == 5
+    assert trials[0].params == {
+        **toys.ToyProgram.default_knobs(),
+        "fusion_alpha": 0.4,
+        "fusion_rrf_k": 60,
+        "fusion_depth": 50,
+    }
+    for trial, described in zip(trials, seen, strict=True):
+        alpha = trial.params["fusion_alpha"]
+        assert described["weights"] == pytest.approx([1 - alpha, alpha])
+        assert (described["rrf_k"], described["depth"]) == (
+            trial.params["fusion_rrf_k"],
+            trial.params["fusion_depth"],
+        )
+    assert len({t.params["fusion_alpha"] for t in trials}) > 1  # the weights are searched, not fixed
+    chosen = result.trial.params
+    saved = json.loads(result.files["program"].read_text(encoding="utf-8"))["retriever"]
+    assert saved["weights"] == pytest.approx([1 - chosen["fusion_alpha"], chosen["fusion_alpha"]])
+    assert result.program.retriever.describe() == saved
+    # Without the flag the retriever is shared untouched, and a non-hybrid cannot be searched.
+    with toys.registered(), pytest.raises(ConfigError, match="hybrid retriever"):
+        tune(
+            toys.ToyProgram,
+            dataset="hotpotqa",
+            valset=toys.examples(2),
+            retriever=toys.ToyRetriever(),
+            lm=toys.scripted_lm(),
+            trials=1,
+            evaluate_fn=toys.toy_evaluate,
+            quality_metric="accuracy",
+            tune_retriever=True,
+        )

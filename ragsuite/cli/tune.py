@@ -70,6 +70,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--study", help="study name (default PROGRAM-DATASET-OBJECTIVES)")
     parser.add_argument("--sampler", choices=("tpe", "nsga2"), default="tpe", help="default tpe (seeded)")
     parser.add_argument("--prune", action="store_true", help="prune trials on their running score")
+    parser.add_argument(
+        "--tune-retriever",
+        action="store_true",
+        help="also search a hybrid --retriever's fusion weights, rrf_k, norm and depth",
+    )
     parser.add_argument("--prune-every", type=int, help="examples between pruning checks (default val/4)")
     parser.add_argument(
         "--compile",
@@ -149,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             stage_lms=stage_lms or None,
             run_config={"split_seed": args.split_seed},
             progress=show_progress(args),
+            tune_retriever=args.tune_retriever,
         )
         if "program" in result.files:
             # Record what the search saw, so `eval --program-file` leaves it out.

@@ -645,10 +645,12 @@ class TuneConfig:
     evaluate_fn: Callable[..., Any] | None = None
     run_config: dict[str, Any] | None = None
     progress: bool = False
+    tune_retriever: bool = False
     cls: type[RAGProgram] = field(init=False)
     task: str = field(init=False)
     quality: str = field(init=False)
     examples: list[dspy.Example] = field(init=False)
+    fusion: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         from ragsuite.data.datasets import get_dataset_info
@@ -682,6 +684,10 @@ class TuneConfig:
         self.examples = list(self.valset)
         if self.prune:
             random.Random(self.seed).shuffle(self.examples)
+        if self.tune_retriever:
+            from ragsuite.retrieval.hybrid import FusionSearch
+
+            self.fusion = FusionSearch(self.retriever)  # a hybrid's weights, rrf_k, norm, depth as knobs
 
     @property
     def out(self) -> Path | None:
@@ -733,6 +739,7 @@ class TuneConfig:
                 "stage_lms": {stage: _lm_config(lm) for stage, lm in (self.stage_lms or {}).items()},
                 "retriever": _retriever_config(self.retriever),
                 "compile": {"optimizer": self.compile, "each": self.compile_each} if self.compile else None,
+                **({"tune_retriever": True} if self.tune_retriever else {}),
                 **(self.run_config or {}),
             }
         )
@@ -773,6 +780,7 @@ def open_study(config: TuneConfig) -> optuna.Study:
                 for k, v in config.cls.default_knobs().items()
                 if isinstance(v, (bool, int, float, str)) and k not in (config.program_kwargs or {})
             }
+            defaults.update(config.fusion.defaults() if config.fusion is not None else {})
             study.enqueue_trial(defaults, skip_if_exists=True)
     return study
 
@@ -821,26 +829,29 @@ class TrialPrograms:
             set_stage_lms(built, self.config.stage_lms)
         return built
 
-    def build(self, knobs: dict[str, Any]) -> RAGProgram:
-        """The program with ``knobs`` and the fixed constructor arguments."""
+    def build(self, knobs: dict[str, Any], retriever: Retriever | None = None) -> RAGProgram:
+        """The program with ``knobs`` and the fixed constructor arguments (and ``retriever``, a trial's
+        tuned one, instead of the run's)."""
         config = self.config
+        retriever = retriever if retriever is not None else config.retriever
         try:
             # Each trial gets its own copy of any stage, so one trial's compiled prompts stay its own.
             own = {
                 k: copy.deepcopy(v) if isinstance(v, dspy.Module) else v
                 for k, v in (config.program_kwargs or {}).items()
             }
-            built = config.cls(retriever=config.retriever, task=config.task, **own, **knobs)
+            built = config.cls(retriever=retriever, task=config.task, **own, **knobs)
         except TypeError as exc:
             raise ConfigError(f"cannot build {config.cls.name} with knobs {knobs}: {exc}") from exc
         return self._with_stage_lms(built)
 
-    def load(self, path: str | os.PathLike[str]) -> RAGProgram:
+    def load(self, path: str | os.PathLike[str], retriever: Retriever | None = None) -> RAGProgram:
         """A trial's compiled program, from the program file it was saved to."""
         from ragsuite.programs.program_file import load_program
 
         fixed = self.config.program_kwargs or {}
-        return self._with_stage_lms(load_program(path, retriever=self.config.retriever, **fixed))
+        retriever = retriever if retriever is not None else self.config.retriever
+        return self._with_stage_lms(load_program(path, retriever=retriever, **fixed))
 
     def compile(self, built: RAGProgram) -> RAGProgram:
         from ragsuite.data.metrics import metric_for
@@ -916,7 +927,9 @@ class TrialObjective:
         trial.set_user_attr("lm_seed", self.lm_seed)
         knobs = self.sample_knobs(trial)
         trial.set_user_attr("knobs", knobs)
-        built = self.programs.build(knobs)
+        built = self.programs.build(
+            knobs, config.fusion.suggest(trial) if config.fusion is not None else None
+        )
         asked = len(config.examples)
         on_record = (
             _PruneReporter(trial, config.quality, asked, config.report_every) if config.prune else None
@@ -980,10 +993,12 @@ def chosen_program(config: TuneConfig, programs: TrialPrograms, chosen: FrozenTr
     search (compiling changes the program, so the trial's score is not the saved program's)."""
     knobs = dict(chosen.user_attrs.get("knobs", chosen.params))
     saved_file = chosen.user_attrs.get("program_file")
+    fixed = optuna.trial.FixedTrial(chosen.params)
+    retriever = config.fusion.suggest(fixed) if config.fusion is not None else None
     if saved_file and Path(saved_file).is_file():
-        best = programs.load(saved_file)
+        best = programs.load(saved_file, retriever)
     else:
-        best = programs.build(knobs)
+        best = programs.build(knobs, retriever)
     metrics, cost = chosen.user_attrs.get("metrics"), chosen.user_attrs.get("cost")
     if config.compile is None or saved_file:
         return ChosenProgram(best, list(chosen.values), metrics, cost)
@@ -1113,6 +1128,7 @@ def tune(
     evaluate_fn: Callable[..., Any] | None = None,
     run_config: dict[str, Any] | None = None,
     progress: bool = False,
+    tune_retriever: bool = False,
 ) -> TuneResult:
     """Search a program's knobs with Optuna; write the chosen program as a program file.
 
@@ -1157,6 +1173,9 @@ def tune(
             program, dataset, validation examples, LMs, retriever, metric and objectives, and compared when
             the study is resumed.
         progress: Show Optuna's trial progress bar (trials done, elapsed, ETA, best value).
+        tune_retriever: Also search the hybrid ``retriever``'s fusion weights, ``rrf_k``, ``norm`` and
+            ``depth`` (:class:`~ragsuite.retrieval.hybrid.FusionSearch`); each trial's program retrieves
+            through its own fusion, and the written program keeps the chosen one.
 
     Returns:
         :class:`TuneResult`.
@@ -1195,5 +1214,6 @@ def tune(
         evaluate_fn=evaluate_fn,
         run_config=run_config,
         progress=progress,
+        tune_retriever=tune_retriever,
     )
     return run_tuning(config)
