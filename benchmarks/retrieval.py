@@ -15,10 +15,14 @@ passage store, as a program gets them.
 
 Adding a column: write ``def build_x(corpus, *, cache_dir) -> Column`` and list it in ``COLUMNS``.
 
-``--hybrid`` adds recall-only columns: dense retrieval with all-MiniLM-L6-v2 (the ``dense`` extra; passage
-embeddings are cached in ragsuite's cache directory, ``--dense-cache-dir``, because embedding every corpus
-takes ~20 minutes on 2 CPU cores) and BM25 + dense merged by interleaving and by RRF (k = 60) from each
-member's top 10, and prints a second table of recall@5.
+``--hybrid`` measures BM25, dense retrieval with all-MiniLM-L6-v2 (the ``dense`` extra; passage embeddings
+are cached in ragsuite's cache directory, ``--dense-cache-dir``, because embedding every corpus takes ~20
+minutes on 2 CPU cores) and their fusions instead: interleave, RRF and linear at the library's default weights
+and at weights tuned per dataset, recall@5/10 and ms per query. Each dataset's questions are split in halves
+by a hash of their id: fusion weights are fitted on the "fit" half only (the defaults jointly over every
+dataset, the tuned ones per dataset) and also reported on the other, "held-out" half. ``--records FILE``
+writes the run's records (JSON), ``--docs PAGE`` replaces the tables between the fusion markers of a docs
+page, and ``--render FILE`` re-renders them from saved records without measuring anything.
 """
 
 from __future__ import annotations
@@ -110,49 +114,262 @@ COLUMNS: list[Callable[..., Column]] = [
     build_ragsuite_bm25_ids,
 ]
 
-HYBRID_NAMES = ("dense MiniLM", "hybrid interleave", "hybrid rrf")
+HYBRID_MODES = ("interleave", "rrf", "linear")
+MEMBERS = ("bm25", "dense")
+#: The tables between these lines of a docs page are generated from a run's records.
+DOCS_START, DOCS_END = "<!-- fusion-table:start -->", "<!-- fusion-table:end -->"
+#: A fusion is "at its best member" within this much recall.
+SLACK = 0.005
+ALPHAS = [round(0.05 * i, 2) for i in range(21)]
 
 
-def hybrid_columns(dense_cache_dir: Path | None) -> list[Callable[..., Column]]:
-    """Builders of the dense and BM25+dense hybrid columns; the three share one index per corpus."""
-    from ragsuite.retrieval.base import Retriever
+def fit_half(example_id: str) -> bool:
+    """Whether a question is in the half fusion weights are fitted on (a fixed hash of its id)."""
+    import hashlib
 
-    members: dict[int, tuple[Retriever, Retriever]] = {}
+    return int(hashlib.sha1(example_id.encode()).hexdigest(), 16) % 2 == 0
 
-    def shared(corpus: list[Passage], cache_dir: Path) -> tuple[Retriever, Retriever]:
-        from ragsuite.retrieval.bm25 import BM25Retriever
-        from ragsuite.retrieval.dense import DenseRetriever
 
-        if id(corpus) not in members:
-            members.clear()  # one dataset at a time
-            dense = DenseRetriever(corpus, cache_dir=dense_cache_dir, progress=True)
-            members[id(corpus)] = (BM25Retriever(corpus, cache_dir=cache_dir), dense)
-        return members[id(corpus)]
+def _recalls(ranked: Sequence[Sequence[str]], golds: Sequence[Sequence[str]]) -> dict[str, float]:
+    return {
+        f"recall@{k}": statistics.fmean(retrieval_recall(r, g, k) for r, g in zip(ranked, golds, strict=True))
+        for k in (5, 10)
+    }
 
-    def column(name: str, pick: Callable[[Retriever, Retriever], Retriever]) -> Callable[..., Column]:
-        def build(corpus: list[Passage], *, cache_dir: Path) -> Column:
-            retriever = pick(*shared(corpus, cache_dir))
 
-            def batch(queries: Sequence[str], k: int) -> list[list[str]]:
-                return [[p.id for p in ps] for ps in retriever.batch(queries, k)]
+def _pick(items: Sequence, mask: Sequence[bool]) -> list:
+    return [item for item, keep in zip(items, mask, strict=True) if keep]
 
-            def one(query: str, k: int) -> list[str]:
-                return [p.id for p in retriever(query, k)]
 
-            return Column(name, batch, one, timed=False)
+def _margin(fused: dict[str, float], members: Sequence[dict[str, float]]) -> float:
+    """The fusion's recall minus its best member's, the worse of k = 5 and 10."""
+    return min(fused[m] - max(member[m] for member in members) for m in ("recall@5", "recall@10"))
 
-        return build
 
-    from ragsuite.retrieval.hybrid import HybridRetriever
+def fusion_dataset(
+    name: str,
+    *,
+    data_dir: str | None,
+    cache_dir: Path,
+    dense_cache_dir: Path | None,
+    dense_model: str | None,
+    trials: int,
+    seed: int,
+) -> tuple[dict, dict]:
+    """One dataset's record (every column's recall and ms per query, the tuned weights) and what fitting
+    the defaults needs (the members' deep lists and the gold ids, per half)."""
+    from ragsuite.retrieval.bm25 import BM25Retriever
+    from ragsuite.retrieval.dense import DenseRetriever
+    from ragsuite.retrieval.hybrid import FusionSearch, HybridRetriever
+    from ragsuite.retrieval.sweep import fused_metrics, member_lists, sweep_fusion
 
-    return [
-        column(HYBRID_NAMES[0], lambda bm25, dense: dense),
-        # The README's table fuses the members' top-10 lists; the library default fuses from depth 50.
-        column(
-            HYBRID_NAMES[1], lambda bm25, dense: HybridRetriever([bm25, dense], mode="interleave", depth=10)
-        ),
-        column(HYBRID_NAMES[2], lambda bm25, dense: HybridRetriever([bm25, dense], mode="rrf", depth=10)),
+    corpus = load_corpus(name, data_dir=data_dir)
+    examples = [ex for ex in load_dataset(name, data_dir=data_dir) if ex.gold_passage_ids]
+    questions = [ex.question for ex in examples]
+    golds = [list(ex.gold_passage_ids) for ex in examples]
+    fit = [fit_half(str(ex.id)) for ex in examples]
+    held = [not f for f in fit]
+    bm25 = BM25Retriever.from_dataset(name, data_dir=data_dir, cache_dir=cache_dir)
+    dense = DenseRetriever.from_dataset(
+        name, data_dir=data_dir, model=dense_model, cache_dir=dense_cache_dir, progress=True
+    )
+    retrievers = {"bm25": bm25, "dense": dense}
+    retrievers.update({m: HybridRetriever([bm25, dense], mode=m) for m in HYBRID_MODES})
+    record: dict = {"dataset": name, "passages": len(corpus), "questions": len(examples), "columns": {}}
+    record["fit_questions"], record["held_out_questions"] = sum(fit), sum(held)
+    for label, retriever in retrievers.items():
+        retriever.batch(questions[:8], K)  # warm-up
+        start = time.perf_counter()
+        ranked = [[p.id for p in ps] for ps in retriever.batch(questions, K)]
+        ms = 1000 * (time.perf_counter() - start) / len(questions)
+        record["columns"][label] = {
+            **_recalls(ranked, golds),
+            "held_out": _recalls(_pick(ranked, held), _pick(golds, held)),
+            "ms_per_query": ms,
+            "spec": retriever.describe()["spec"],
+        }
+    lists = member_lists(retrievers["rrf"], questions, depth=FusionSearch(retrievers["rrf"]).max_depth)
+    for mode in ("rrf", "linear"):
+        search = FusionSearch(retrievers[mode])
+        result = sweep_fusion(
+            search, _pick(lists, fit), _pick(golds, fit), metric="recall@5", trials=trials, seed=seed
+        )
+        record["columns"][f"{mode} tuned"] = {
+            **fused_metrics(result.retriever, lists, golds, (5, 10)),
+            "held_out": fused_metrics(result.retriever, _pick(lists, held), _pick(golds, held), (5, 10)),
+            "ms_per_query": record["columns"][mode]["ms_per_query"],  # the same work, other numbers
+            "spec": result.retriever.describe()["spec"],
+            "params": result.params,
+        }
+        for cell in (record["columns"][f"{mode} tuned"], record["columns"][f"{mode} tuned"]["held_out"]):
+            for key in [k for k in cell if k.startswith("all_gold")]:
+                del cell[key]
+    return record, {"hybrids": retrievers, "lists": lists, "golds": golds, "fit": fit}
+
+
+def fit_defaults(fits: Sequence[dict]) -> dict:
+    """The one member weighting per mode (BM25 ``1 - alpha``, dense ``alpha``) that is best for the worst
+    dataset: the largest smallest margin over its best member on the fit halves (ties: the larger mean
+    margin), checked on the held-out halves."""
+    from ragsuite.retrieval.sweep import fused_metrics
+
+    def margins(mode: str, alpha: float, half: bool) -> list[float]:
+        out = []
+        for f in fits:
+            mask = [x == half for x in f["fit"]]
+            lists, golds = _pick(f["lists"], mask), _pick(f["golds"], mask)
+            fused = fused_metrics(
+                f["hybrids"][mode].with_fusion(weights=[1 - alpha, alpha]), lists, golds, (5, 10)
+            )
+            members = [
+                _recalls([[p.id for p in per[i][:K]] for per in lists], golds) for i in range(len(MEMBERS))
+            ]
+            out.append(_margin(fused, members))
+        return out
+
+    fitted = {}
+    for mode in ("rrf", "linear"):
+        scored = [(alpha, margins(mode, alpha, True)) for alpha in ALPHAS]
+        alpha, fit_margins = max(scored, key=lambda am: (min(am[1]), statistics.fmean(am[1])))
+        fitted[mode] = {
+            "alpha": alpha,
+            "fit_margins": fit_margins,
+            "held_out_margins": margins(mode, alpha, False),
+            "grid": [{"alpha": a, "worst": min(m), "mean": statistics.fmean(m)} for a, m in scored],
+        }
+    return fitted
+
+
+def _cell(column: dict, best: dict | None = None) -> str:
+    text = f"{column['recall@5']:.3f} / {column['recall@10']:.3f}"
+    if best is not None and _margin(column, [best]) < -SLACK:
+        return f"{text} (below)"
+    return text
+
+
+def fusion_markdown(run: dict) -> str:
+    """The docs tables of a ``--hybrid`` run's records."""
+    records = run["datasets"]
+    names = ["bm25", "dense", "interleave", "rrf", "rrf tuned", "linear", "linear tuned"]
+    heads = ["BM25", "dense", "interleave", "RRF default", "RRF tuned", "linear default", "linear tuned"]
+    lines = [
+        'Recall@5 / recall@10 on every dev question with gold passages; "(below)" marks a fusion more than '
+        f"{SLACK} under its best member at either k:",
+        "",
+        "| dataset | questions | " + " | ".join(heads) + " |",
+        "|---|---:|" + "---:|" * len(heads),
     ]
+    for r in records:
+        cols = r["columns"]
+        best = {m: max(cols[x][m] for x in MEMBERS) for m in ("recall@5", "recall@10")}
+        cells = [_cell(cols[n], None if n in MEMBERS else best) for n in names]
+        lines.append(f"| {r['dataset']} | {r['questions']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Held-out halves (the questions no weight was fitted on): recall@5 / recall@10",
+        "",
+        "| dataset | fit / held-out questions | best member | RRF default | RRF tuned | linear default "
+        "| linear tuned |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        cols = r["columns"]
+        best = {m: max(cols[x]["held_out"][m] for x in MEMBERS) for m in ("recall@5", "recall@10")}
+        cells = [_cell(cols[n]["held_out"], best) for n in ("rrf", "rrf tuned", "linear", "linear tuned")]
+        lines.append(
+            f"| {r['dataset']} | {r['fit_questions']} / {r['held_out_questions']} | {_cell(best)} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "Milliseconds per query, one batch of every question (members queried concurrently; a tuned fusion "
+        "does the same work as its default):",
+        "",
+        "| dataset | BM25 | dense | interleave | RRF | linear |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        cols = r["columns"]
+        lines.append(
+            f"| {r['dataset']} | "
+            + " | ".join(
+                f"{cols[n]['ms_per_query']:.2f}" for n in ("bm25", "dense", "interleave", "rrf", "linear")
+            )
+            + " |"
+        )
+    fit = run["defaults"]
+    lines += [
+        "",
+        "The defaults (BM25 weighted 1 - alpha, dense alpha), fitted on the fit halves: the alpha whose "
+        "worst margin over the best member (recall@5 or @10, any dataset) is largest:",
+        "",
+        "| fusion | alpha | worst margin, fit halves | worst margin, held-out halves |",
+        "|---|---:|---:|---:|",
+    ]
+    for mode in ("rrf", "linear"):
+        f = fit[mode]
+        worst_fit, worst_held = min(f["fit_margins"]), min(f["held_out_margins"])
+        lines.append(f"| {mode} | {f['alpha']:.2f} | {worst_fit:+.3f} | {worst_held:+.3f} |")
+    lines += ["", "Tuned settings per dataset (Optuna, recall@5 on the fit half):", ""]
+    lines += ["| dataset | RRF tuned | linear tuned |", "|---|---|---|"]
+    for r in records:
+        cols = r["columns"]
+        specs = [f"`{_short(cols[f'{mode} tuned']['spec'])}`" for mode in ("rrf", "linear")]
+        lines.append(f"| {r['dataset']} | " + " | ".join(specs) + " |")
+    return "\n".join(lines)
+
+
+def _short(spec: str) -> str:
+    """A spec without its members' dataset names (``bm25:nq@0.3`` -> ``bm25@0.3``)."""
+    import re
+
+    return re.sub(r"(bm25|dense):[A-Za-z0-9_]+", r"\1", spec)
+
+
+def replace_docs_block(page: str, table: str) -> str:
+    """``page`` with the text between the fusion markers replaced by ``table``."""
+    head, start, rest = page.partition(DOCS_START)
+    _, end, tail = rest.partition(DOCS_END)
+    if not start or not end:
+        raise SystemExit(f"the docs page has no {DOCS_START} ... {DOCS_END} block")
+    return f"{head}{DOCS_START}\n{table}\n{DOCS_END}{tail}"
+
+
+def fusion_run(
+    datasets: Sequence[str],
+    *,
+    data_dir: str | None,
+    cache_dir: Path,
+    dense_cache_dir: Path | None,
+    dense_model: str | None = None,
+    trials: int,
+    seed: int,
+) -> dict:
+    """Every dataset's record, and the default weights fitted over all of them."""
+    records, fits = [], []
+    for name in datasets:
+        print(f"fusion: {name} ...", file=sys.stderr, flush=True)
+        record, fit = fusion_dataset(
+            name,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            dense_cache_dir=dense_cache_dir,
+            dense_model=dense_model,
+            trials=trials,
+            seed=seed,
+        )
+        records.append(record)
+        fits.append(fit)
+    from ragsuite.retrieval.hybrid import DEFAULT_WEIGHTS
+
+    return {
+        "datasets": records,
+        "defaults": fit_defaults(fits),
+        "library_defaults": DEFAULT_WEIGHTS,
+        "trials": trials,
+        "seed": seed,
+    }
 
 
 def _qps(fn: Callable[[], object], n: int) -> float:
@@ -224,20 +441,6 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def hybrid_markdown(rows: list[dict]) -> str:
-    names = ("ragsuite BM25", *HYBRID_NAMES)
-    lines = [
-        "| dataset | R@5 BM25 | R@5 dense MiniLM | R@5 hybrid interleave | R@5 hybrid RRF |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        cells = [row["columns"][n]["recall@5"] for n in names]
-        best = max(cells)
-        shown = [f"**{c:.3f}**" if c == best else f"{c:.3f}" for c in cells]
-        lines.append(f"| {row['dataset']} | " + " | ".join(shown) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     with_corpus = [n for n in dataset_names() if get_dataset_info(n).has_corpus]
@@ -253,33 +456,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument(
-        "--hybrid", action="store_true", help="add dense (MiniLM) and BM25+dense hybrid recall columns"
+        "--hybrid",
+        action="store_true",
+        help="measure BM25, dense (MiniLM) and their fusions at default and tuned weights instead",
     )
     parser.add_argument(
         "--dense-cache-dir", default=None, help="passage embedding cache (default: ragsuite's cache dir)"
     )
-    args = parser.parse_args(argv)
-    extra = (
-        hybrid_columns(Path(args.dense_cache_dir) if args.dense_cache_dir else None) if args.hybrid else []
+    parser.add_argument(
+        "--dense-model", default=None, help="--hybrid: an encoder directory (default: MiniLM)"
     )
+    parser.add_argument("--trials", type=int, default=60, help="--hybrid: Optuna trials per tuned fusion")
+    parser.add_argument("--seed", type=int, default=0, help="--hybrid: the tuning sampler's seed")
+    parser.add_argument("--records", default=None, help="--hybrid: write the run's records (JSON) here")
+    parser.add_argument("--docs", default=None, help="--hybrid/--render: rewrite this page's fusion tables")
+    parser.add_argument(
+        "--render", default=None, help="print (and --docs: write) the tables of saved records"
+    )
+    args = parser.parse_args(argv)
+    if args.hybrid or args.render:
+        if args.render:
+            run = json.loads(Path(args.render).read_text(encoding="utf-8"))
+        else:
+            with tempfile.TemporaryDirectory(prefix="ragsuite-bench-") as tmp:
+                run = fusion_run(
+                    args.datasets,
+                    data_dir=args.data_dir,
+                    cache_dir=Path(args.cache_dir or tmp),
+                    dense_cache_dir=Path(args.dense_cache_dir) if args.dense_cache_dir else None,
+                    dense_model=args.dense_model,
+                    trials=args.trials,
+                    seed=args.seed,
+                )
+            if args.records:
+                Path(args.records).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.records).write_text(json.dumps(run, indent=1) + "\n", encoding="utf-8")
+        table = fusion_markdown(run)
+        print(table)
+        if args.docs:
+            page = Path(args.docs)
+            page.write_text(replace_docs_block(page.read_text(encoding="utf-8"), table), encoding="utf-8")
+        return 0
     with tempfile.TemporaryDirectory(prefix="ragsuite-bench-") as tmp:
         cache_dir = Path(args.cache_dir or tmp)
         rows = []
         for name in args.datasets:
             print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
             rows.append(
-                bench_dataset(
-                    name,
-                    repeats=args.repeats,
-                    cache_dir=cache_dir,
-                    data_dir=args.data_dir,
-                    extra_columns=extra,
-                )
+                bench_dataset(name, repeats=args.repeats, cache_dir=cache_dir, data_dir=args.data_dir)
             )
     print(markdown(rows))
-    if args.hybrid:
-        print()
-        print(hybrid_markdown(rows))
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return 0

@@ -107,3 +107,55 @@ def test_dense_over_a_corpus_file_and_its_saved_spec(encoder_dir, tmp_path):
     hybrid = build_retriever(f"hybrid:rrf:bm25+dense::{encoder_dir}", corpus=corpus, cache_dir=tmp_path)
     assert [m.describe()["corpus_path"] for m in hybrid.retrievers] == [str(corpus.resolve())] * 2
     assert rebuild_retriever(described).describe() == described
+
+
+def test_fusion_benchmark_writes_records_and_the_docs_tables(encoder_dir, tmp_path, data_dir, capsys):
+    """``benchmarks/retrieval.py --hybrid`` on a fixture dataset (the tiny encoder standing in for MiniLM):
+    every column's recall and speed, the tuned settings and the fitted defaults in the records, and the docs
+    page's fusion block replaced by the tables ``--render`` prints from those records."""
+    import json
+
+    from benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("retrieval")
+    page = tmp_path / "page.md"
+    page.write_text(f"before\n{bench.DOCS_START}\nold table\n{bench.DOCS_END}\nafter\n", encoding="utf-8")
+    records = tmp_path / "out" / "fusion.json"
+    argv = [
+        "--hybrid",
+        "--datasets",
+        "strategyqa",
+        "--data-dir",
+        str(data_dir),
+        "--dense-model",
+        str(encoder_dir),
+    ]
+    argv += [
+        "--dense-cache-dir",
+        str(tmp_path / "dense"),
+        "--cache-dir",
+        str(tmp_path / "bm25"),
+        "--trials",
+        "4",
+    ]
+    assert bench.main([*argv, "--records", str(records), "--docs", str(page)]) == 0
+    printed = capsys.readouterr().out
+    run = json.loads(records.read_text(encoding="utf-8"))
+    [record] = run["datasets"]
+    assert record["questions"] == record["fit_questions"] + record["held_out_questions"] == 40
+    columns = record["columns"]
+    names = {"bm25", "dense", "interleave", "rrf", "rrf tuned", "linear", "linear tuned"}
+    assert set(columns) == names
+    for name in names:
+        assert 0 <= columns[name]["recall@5"] <= columns[name]["recall@10"] <= 1
+        assert columns[name]["ms_per_query"] > 0 and "recall@5" in columns[name]["held_out"]
+    assert columns["linear tuned"]["spec"].startswith("hybrid:linear:bm25:strategyqa")
+    assert {"fusion_alpha", "fusion_depth", "fusion_norm"} <= set(columns["linear tuned"]["params"])
+    assert {run["defaults"][mode]["alpha"] for mode in ("rrf", "linear")} <= set(bench.ALPHAS)
+    table = bench.fusion_markdown(run)
+    assert table in printed and "| strategyqa | 40 |" in table
+    assert (
+        page.read_text(encoding="utf-8") == f"before\n{bench.DOCS_START}\n{table}\n{bench.DOCS_END}\nafter\n"
+    )
+    assert bench.main(["--render", str(records)]) == 0
+    assert capsys.readouterr().out.strip() == table
