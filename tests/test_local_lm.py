@@ -293,9 +293,12 @@ def test_every_stage_of_a_run_on_llama_cpp_asks_for_its_schema_and_parses_the_fi
     assert record["prediction"] == "Paris"
     for body in sent:
         assert body["response_format"]["type"] == "json_schema"
+        # The compact prompt: the instruction and labelled inputs, no format tutorial (the grammar holds it).
+        text = "\n".join(message["content"] for message in body["messages"])
+        assert "Reply with a JSON object: {" in text and "[[ ##" not in text
     asked = {tuple(body["response_format"]["json_schema"]["schema"]["required"]) for body in sent}
     assert {("note",), ("queries",), ("updated_note",), ("better",), ("answer",)} <= asked
-    assert json.loads((out / "manifest.json").read_text())["lm"]["adapter"] == "json"
+    assert json.loads((out / "manifest.json").read_text())["lm"]["adapter"] == "compact-json"
 
 
 def test_the_stage_adapter_is_json_only_for_plain_outputs_of_a_schema_holding_lm() -> None:

@@ -65,7 +65,7 @@ class LocalEndpoint:
     def public(self) -> dict[str, Any]:
         """What a run records: the model by content hash, the engine, and the adapter its stages use unless
         one is configured (:func:`ragsuite.programs.base.stage_adapter`): the prompts differ with it."""
-        adapter = "json" if self.structured_outputs else "chat"
+        adapter = "compact-json" if self.structured_outputs else "chat"
         return {"model": f"local/{self.model.name}", "sha256": self.model.sha256, "engine": self.engine,
                 "adapter": adapter}  # fmt: skip
 
