@@ -129,11 +129,13 @@ def test_settings_come_from_the_model_and_the_machine(tmp_path: Path, cache: Pat
     monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 5)
     settings = plan_settings(model, parallel=2)
     # The context is capped; the server's threads (all its slots decode together in one batch on them) are
-    # the usable cores less one, left to the client, whatever the number of slots.
-    assert (settings.ctx, settings.threads, settings.parallel) == (8192, 4, 2)
-    assert plan_settings(model, parallel=8).threads == 4
+    # the usable cores, whatever the number of slots; by default there is one slot per core.
+    assert (settings.ctx, settings.threads, settings.parallel) == (8192, 5, 2)
+    assert plan_settings(model, parallel=8).threads == 5
+    assert (plan_settings(model).parallel, plan_settings(model).threads) == (5, 5)
+    assert plan_settings(model, threads=1, parallel=1).public() == {"parallel": 1, "ctx": 8192, "threads": 1}
     monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 1)
-    assert plan_settings(model).threads == 1  # never below one thread
+    assert (plan_settings(model).threads, plan_settings(model).parallel) == (1, 1)
     small = resolve_model(f"local:{tiny_model(tmp_path / 's.gguf', context_length=2048)}")
     assert plan_settings(small).ctx == 2048
     with pytest.raises(ConfigError, match="larger than the 2,048 tokens"):

@@ -413,7 +413,7 @@ def add_local_lm_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="requests the local server runs at once (llama.cpp slots; default 1); match --threads",
+        help="requests the local server runs at once (llama.cpp slots; default: one per usable core)",
     )
     group.add_argument(
         "--local-ctx",
@@ -427,7 +427,7 @@ def add_local_lm_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads of the local server, shared by its slots (default: the usable cores less one)",
+        help="CPU threads of the local server, shared by its slots (default: the usable cores)",
     )
 
 

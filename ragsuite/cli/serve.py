@@ -367,7 +367,7 @@ def run_local(args: argparse.Namespace) -> int:
     server = LocalServer(
         model,
         engine=args.local_engine,
-        parallel=args.local_parallel or 1,
+        parallel=args.local_parallel,
         ctx=args.local_ctx,
         threads=args.local_threads,
         host=listen.bind,
