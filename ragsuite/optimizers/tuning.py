@@ -442,12 +442,6 @@ def _program_class(program: str | type[RAGProgram]) -> type[RAGProgram]:
     raise ConfigError(f"program must be a registered name or a RAGProgram subclass, not {program!r}")
 
 
-def _has_search_space(cls: type[RAGProgram]) -> bool:
-    from ragsuite.programs.base import RAGProgram
-
-    return cls.search_space.__func__ is not RAGProgram.search_space.__func__  # type: ignore[attr-defined]
-
-
 def study_dir_name(study_name: str) -> str:
     """The folder in ``out_dir`` that holds one study's files (its name, made safe for a path)."""
     return re.sub(r"[^A-Za-z0-9._+=-]", "_", study_name).lstrip(".") or "study"
@@ -571,9 +565,10 @@ def fail_orphaned_trials(study: optuna.Study, *, host: str | None = None) -> lis
 # ------------------------------------------------------------------------------------------- configuration
 def _tunable_class(program: str | type[RAGProgram]) -> type[RAGProgram]:
     cls = _program_class(program)
-    if not _has_search_space(cls):
+    if not cls.has_search_space():
         raise ConfigError(
-            f"program {cls.name!r} declares no search space; implement {cls.__name__}.search_space(trial)"
+            f"program {cls.name!r} declares no search space: give a knob search=... in "
+            f"{cls.__name__}.KNOBS, or implement {cls.__name__}.search_space(trial)"
         )
     return cls
 

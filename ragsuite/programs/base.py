@@ -22,6 +22,7 @@ from dspy.utils.exceptions import AdapterParseError
 from ragsuite.aio import in_thread, invoke, run_sync, synchronous
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
+from ragsuite.programs.knobs import Knobs
 from ragsuite.retrieval.adapt import as_retriever
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.compact import CompactJSONAdapter
@@ -181,18 +182,23 @@ class RAGProgram(dspy.Module):
     """Base class of the registered programs.
 
     Subclasses declare ``name`` (registry key) and ``KNOBS`` (numeric or categorical settings that are saved
-    with the program and tuned by Optuna), create their stage predictors in ``__init__`` under the stage's
-    snake_case name (``self.route``, ``self.filter``, ``self.answer``, ...) so per-stage LMs can find them,
-    and implement ``async def aforward(question)`` returning :meth:`finish`, awaiting its steps with
-    :meth:`acall_stage`, :meth:`aretrieve` and :mod:`ragsuite.aio`'s ``concurrently``. ``forward`` (what
-    ``program(question=...)`` runs) drives the same coroutine synchronously; ``acall`` awaits it.
+    with the program and tuned by Optuna: a :class:`~ragsuite.programs.knobs.Knobs` declaring each knob once,
+    from which the constructor's checks and defaults, ``--set`` and the search space come; a variant program
+    overrides defaults, ``KNOBS = Parent.KNOBS.override(...)``), create their stage predictors in
+    ``__init__`` under the stage's snake_case name (``self.route``, ``self.filter``, ``self.answer``, ...) so
+    per-stage LMs can find them, and implement ``async def aforward(question)`` returning :meth:`finish`,
+    awaiting its steps with :meth:`acall_stage`, :meth:`aretrieve` and :mod:`ragsuite.aio`'s
+    ``concurrently``. ``forward`` (what ``program(question=...)`` runs) drives the same coroutine
+    synchronously; ``acall`` awaits it.
 
     A subclass may instead implement a synchronous ``forward`` with :meth:`call_stage` and :meth:`retrieve`;
     its ``acall`` then runs ``forward`` in a worker thread.
     """
 
     name: ClassVar[str] = ""
-    KNOBS: ClassVar[tuple[str, ...]] = ()
+    #: The knobs, each declared once. (A plain tuple of names, with the defaults in the constructor's
+    #: signature, still works for programs written before declarations.)
+    KNOBS: ClassVar[Knobs | tuple[str, ...]] = Knobs()
     #: The paper's generation settings (temperature, max_tokens, top_p); the CLI flags override them.
     GENERATION: ClassVar[dict[str, float | int]] = {}
     #: Keyword arguments of ``forward`` beyond the question -> the example field that fills them (the
@@ -201,13 +207,22 @@ class RAGProgram(dspy.Module):
     #: Whether the program reads token log probabilities, so its LM must return them (OpenAI, vLLM).
     NEEDS_LOGPROBS: ClassVar[bool] = False
 
-    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short") -> None:
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        """Set the retriever, the task and every declared knob (``knobs`` given by name, the others at their
+        defaults), each checked against its declaration.
+
+        Raises:
+            ConfigError: for an unknown task, an unknown knob (naming the knobs) or a value a knob refuses.
+        """
         super().__init__()
         if task not in ("short", "long", "yesno"):
             raise ConfigError(f"task must be 'short', 'long' or 'yesno', not {task!r}")
         # dspy.ColBERTv2, dspy.Retrieve and plain functions work too, adapted in one place.
         self.retriever = as_retriever(retriever)
         self.task = task
+        declared = self.KNOBS if isinstance(self.KNOBS, Knobs) else Knobs()
+        for knob, value in declared.check(knobs, program=self.name or type(self).__name__).items():
+            setattr(self, knob, value)
 
     # ----------------------------------------------------------------- configuration
     @classmethod
@@ -245,12 +260,20 @@ class RAGProgram(dspy.Module):
 
     @classmethod
     def search_space(cls, trial: Any) -> dict[str, Any]:
-        """Sample knob values from an Optuna ``trial``; programs with knobs override this."""
-        return {}
+        """Sample knob values from an Optuna ``trial``: the search spaces the knobs declare."""
+        return cls.KNOBS.suggest(trial) if isinstance(cls.KNOBS, Knobs) else {}
+
+    @classmethod
+    def has_search_space(cls) -> bool:
+        """Whether Optuna has anything to tune: a knob declares a search space, or the class samples one."""
+        own = cls.search_space.__func__ is not RAGProgram.search_space.__func__  # type: ignore[attr-defined]
+        return own or (isinstance(cls.KNOBS, Knobs) and bool(cls.KNOBS.searched()))
 
     @classmethod
     def default_knobs(cls) -> dict[str, Any]:
-        """The paper defaults, i.e. the constructor's keyword defaults for each knob."""
+        """The paper defaults, as the knobs declare them."""
+        if isinstance(cls.KNOBS, Knobs):
+            return cls.KNOBS.defaults()
         import inspect
 
         params = inspect.signature(cls.__init__).parameters

@@ -9,7 +9,8 @@ import dspy
 
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, register
-from ragsuite.programs.pipeline import agather, arun_answer, check_int
+from ragsuite.programs.knobs import Knobs, OneOf, integer
+from ragsuite.programs.pipeline import agather, arun_answer
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 
@@ -34,7 +35,6 @@ class NoRetrieval(RAGProgram):
     """
 
     name: ClassVar[str] = "no-retrieval"
-    KNOBS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, retriever: Retriever | None = None, task: Task = "short") -> None:
         super().__init__(retriever=retriever, task=task)
@@ -61,9 +61,9 @@ class VanillaRAG(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` (ASQA) or ``yesno`` (StrategyQA).
-        top_k: Passages retrieved per query (paper default 5).
         filter: Optional filtering stage applied to each retrieved set.
         blend: Optional query-blending stage whose queries are retrieved as well.
+        **knobs: Any of :attr:`KNOBS` by name (``top_k=5``).
 
     Example:
         >>> import dspy
@@ -78,26 +78,25 @@ class VanillaRAG(RAGProgram):
     """
 
     name: ClassVar[str] = "vanilla"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k",)
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer(
+            "top_k", 5, minimum=1, search=OneOf((3, 5, 7, 10)), help="passages retrieved per query (paper: 5)"
+        ),
+    )
 
     def __init__(
         self,
         *,
         retriever: Retriever | None = None,
         task: Task = "short",
-        top_k: int = 5,
         filter: FilterStage | None = None,
         blend: BlendStage | None = None,
+        **knobs: Any,
     ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.filter = filter
         self.blend = blend
         self.answer = dspy.Predict(answer_signature(task, "passages"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {"top_k": trial.suggest_categorical("top_k", [3, 5, 7, 10])}
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)

@@ -47,15 +47,12 @@ from dspy.utils.exceptions import AdapterParseError
 from ragsuite.aio import invoke
 from ragsuite.data.datasets import Task
 from ragsuite.programs.base import DecisionKnob, RAGProgram, RunLedger, register
+from ragsuite.programs.knobs import Floats, Ints, Knobs, OneOf, choice, flag, integer, probability
 from ragsuite.programs.pipeline import (
+    DECISION_MODES,
     MAX_QUERY_CHARS,
-    DecisionMode,
     agather,
     arun_answer,
-    check_bool,
-    check_decisions,
-    check_int,
-    check_threshold,
     decision_predictor,
     decision_value,
 )
@@ -148,16 +145,10 @@ class DeepNote(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` (ASQA) or ``yesno`` (StrategyQA).
-        top_k: Passages per retrieval (paper default 5).
-        max_step: Most refinement iterations (each one retrieval; 0 = note from the first retrieval only).
-        max_failure: Stop after this many rejected updates in total.
-        max_passages: Stop before a step once more distinct passages than this have been noted.
-        dedupe_queries: Drop refined queries that repeat an asked one (not in the official code).
-        decisions: ``"generate"`` (NoteCompare answers yes or no, as in the paper) or ``"probability"``
-            (it states the probability that the update is better; accepted when it is >= the threshold).
-        compare_threshold: NoteCompare's threshold in ``probability`` mode (0.5: the LM's own verdict).
         filter: Optional filtering stage applied to every retrieved set.
         blend: Optional query-blending stage for the initial retrieval.
+        **knobs: Any of :attr:`KNOBS` by name (``max_step=5``), each declared there once with its default,
+            values and meaning.
 
     Returns (from ``forward``):
         ``dspy.Prediction(answer, trace, passages, retrieved_passages, stats, note)``: ``passages`` are those
@@ -178,14 +169,49 @@ class DeepNote(RAGProgram):
     """
 
     name: ClassVar[str] = "deepnote"
-    KNOBS: ClassVar[tuple[str, ...]] = (
-        "top_k",
-        "max_step",
-        "max_failure",
-        "max_passages",
-        "dedupe_queries",
-        "decisions",
-        "compare_threshold",
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer("top_k", 5, minimum=1, search=OneOf((3, 5, 7)), help="passages per retrieval (paper: 5)"),
+        integer(
+            "max_step",
+            3,
+            minimum=0,
+            search=Ints(1, 5),
+            help="most refinement steps, one retrieval each (0: the note from the first retrieval only)",
+        ),
+        integer(
+            "max_failure",
+            2,
+            minimum=1,
+            # The paper notes a failure limit above the step limit is meaningless.
+            search=Ints(1, "max_step"),
+            help="stop after this many rejected updates in total (cumulative, not consecutive)",
+        ),
+        integer(
+            "max_passages",
+            15,
+            minimum=1,
+            search=Ints(10, 30),
+            help="stop before a step once more distinct passages than this have been noted",
+        ),
+        flag(
+            "dedupe_queries",
+            False,
+            help="drop refined queries that repeat an asked one (not in the official code)",
+        ),
+        choice(
+            "decisions",
+            "generate",
+            DECISION_MODES,
+            search=OneOf(DECISION_MODES),
+            help="`generate` (NoteCompare answers yes or no, as in the paper) or `probability` (it states "
+            "the probability that the update is better; accepted at or above `compare_threshold`)",
+        ),
+        probability(
+            "compare_threshold",
+            0.5,
+            search=Floats(0.05, 0.95),
+            help="NoteCompare's threshold in `probability` mode (0.5: the LM's own verdict)",
+        ),
     )
     #: The official code's generation settings (its LLM wrapper: max_tokens 1280, top_p 0.9, temperature 0.1).
     GENERATION: ClassVar[dict[str, float | int]] = {"temperature": 0.1, "max_tokens": 1280, "top_p": 0.9}
@@ -197,24 +223,11 @@ class DeepNote(RAGProgram):
         *,
         retriever: Retriever | None = None,
         task: Task = "short",
-        top_k: int = 5,
-        max_step: int = 3,
-        max_failure: int = 2,
-        max_passages: int = 15,
-        dedupe_queries: bool = False,
-        decisions: DecisionMode = "generate",
-        compare_threshold: float = 0.5,
         filter: FilterStage | None = None,
         blend: BlendStage | None = None,
+        **knobs: Any,
     ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.decisions = check_decisions(decisions)
-        self.compare_threshold = check_threshold("compare_threshold", compare_threshold)
-        self.dedupe_queries = check_bool("dedupe_queries", dedupe_queries)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.max_step = check_int("max_step", max_step, minimum=0)
-        self.max_failure = check_int("max_failure", max_failure, minimum=1)
-        self.max_passages = check_int("max_passages", max_passages, minimum=1)
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.filter = filter
         self.blend = blend
         self.note_init = dspy.Predict(NoteInit)
@@ -229,20 +242,6 @@ class DeepNote(RAGProgram):
         if self.decisions != "probability":
             return {}
         return {"compare_threshold": DecisionKnob(self.note_compare, "better", "threshold")}
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        """DeepNote's knobs: top_k in {3, 5, 7}, max_step 1..5, max_failure 1..max_step, max_passages 10..30
-        (the paper notes a failure limit above the step limit is meaningless)."""
-        max_step = trial.suggest_int("max_step", 1, 5)
-        return {
-            "top_k": trial.suggest_categorical("top_k", [3, 5, 7]),
-            "max_step": max_step,
-            "max_failure": trial.suggest_int("max_failure", 1, max_step),
-            "max_passages": trial.suggest_int("max_passages", 10, 30),
-            "decisions": trial.suggest_categorical("decisions", ["generate", "probability"]),
-            "compare_threshold": trial.suggest_float("compare_threshold", 0.05, 0.95),
-        }
 
     # ------------------------------------------------------------------ stages
     async def _refine(
@@ -389,48 +388,17 @@ class AdaptiveNote(DeepNote):
     its passage cap: the loop stops once the noted passages reach ``max_passages`` (official ``src/main.py``:
     ``>= max_top_k``), where DeepNote waits until they exceed it.
 
-    Args:
-        retriever, task, top_k, max_step, max_passages, dedupe_queries, filter, blend: as in
-            :class:`DeepNote`.
-        max_failure: Rejected updates tolerated in total (Adaptive-Note default 1).
+    Arguments and knobs as :class:`DeepNote`'s; only ``max_failure``'s default differs (1).
 
     Example:
         >>> from ragsuite import programs
-        >>> programs.get("adaptive-note").default_knobs()
-        {'top_k': 5, 'max_step': 3, 'max_failure': 1, 'max_passages': 15, 'dedupe_queries': False}
+        >>> programs.get("adaptive-note").default_knobs()["max_failure"]
+        1
     """
 
     name: ClassVar[str] = "adaptive-note"
     CAP_REACHED_STOPS: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 5,
-        max_step: int = 3,
-        max_failure: int = 1,
-        max_passages: int = 15,
-        dedupe_queries: bool = False,
-        decisions: DecisionMode = "generate",
-        compare_threshold: float = 0.5,
-        filter: FilterStage | None = None,
-        blend: BlendStage | None = None,
-    ) -> None:
-        super().__init__(
-            retriever=retriever,
-            task=task,
-            top_k=top_k,
-            max_step=max_step,
-            max_failure=max_failure,
-            max_passages=max_passages,
-            dedupe_queries=dedupe_queries,
-            decisions=decisions,
-            compare_threshold=compare_threshold,
-            filter=filter,
-            blend=blend,
-        )
+    KNOBS: ClassVar[Knobs] = DeepNote.KNOBS.override(max_failure=1)
 
 
 __all__ = ["AdaptiveNote", "DeepNote", "retrieval_text", "salvage_queries"]

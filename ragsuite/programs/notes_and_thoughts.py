@@ -53,13 +53,8 @@ from ragsuite.data.datasets import Task
 from ragsuite.programs.base import RAGProgram, register
 from ragsuite.programs.baselines import VanillaRAG
 from ragsuite.programs.deepnote import DeepNote
-from ragsuite.programs.pipeline import (
-    DecisionMode,
-    aretrieve_recorded,
-    arun_answer,
-    check_int,
-    merge_passages,
-)
+from ragsuite.programs.knobs import Ints, Knobs, OneOf, integer
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, merge_passages
 from ragsuite.programs.stages import join_query
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
@@ -75,7 +70,7 @@ class ChainOfNote(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages retrieved (DeepNote's baselines use 5).
+        **knobs: Any of :attr:`KNOBS` by name.
 
     Example:
         >>> from ragsuite import programs
@@ -84,12 +79,12 @@ class ChainOfNote(RAGProgram):
     """
 
     name: ClassVar[str] = "con"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k",)
-    search_space = VanillaRAG.search_space
+    KNOBS: ClassVar[Knobs] = VanillaRAG.KNOBS.replace(
+        "top_k", help="passages retrieved (DeepNote's baselines: 5)"
+    )
 
-    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", top_k: int = 5) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.reading_notes = dspy.Predict(ReadingNotes)
         self.answer = dspy.Predict(answer_signature(task, "note"))
 
@@ -123,9 +118,7 @@ class RAT(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages retrieved per chunk (ours: 3).
-        max_thoughts: Most draft chunks revised (3: the app asks its LM for fewer than 4 paragraphs; the
-            notebook has no cap); later chunks are dropped.
+        **knobs: Any of :attr:`KNOBS` by name.
 
     Example:
         >>> from ragsuite import programs
@@ -134,29 +127,23 @@ class RAT(RAGProgram):
     """
 
     name: ClassVar[str] = "rat"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_thoughts")
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer("top_k", 3, minimum=1, search=Ints(1, 7), help="passages retrieved per chunk (ours: 3)"),
+        integer(
+            "max_thoughts",
+            3,
+            minimum=1,
+            search=Ints(1, 8),
+            help="most draft chunks revised (3: the app asks its LM for fewer than 4 paragraphs; the "
+            "notebook has no cap); later chunks are dropped",
+        ),
+    )
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 3,
-        max_thoughts: int = 3,
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.max_thoughts = check_int("max_thoughts", max_thoughts, minimum=1)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.draft = dspy.Predict(DraftThoughts)
         self.revise = dspy.Predict(ReviseThought)
         self.answer = dspy.Predict(answer_signature(task, "note"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
-            "top_k": trial.suggest_int("top_k", 1, 7),
-            "max_thoughts": trial.suggest_int("max_thoughts", 1, 8),
-        }
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)
@@ -213,36 +200,14 @@ class DeepNoteWithoutAdaptiveRetrieval(DeepNote):
     """
 
     name: ClassVar[str] = "deepnote-no-adaptive"
+    # Only the first retrieval varies: the ablation has no loop to tune.
+    KNOBS: ClassVar[Knobs] = (
+        DeepNote.KNOBS.override(max_step=0).replace("top_k", search=OneOf((3, 5, 7, 10))).tuned("top_k")
+    )
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 5,
-        max_step: int = 0,
-        max_failure: int = 2,
-        max_passages: int = 15,
-        dedupe_queries: bool = False,
-        decisions: DecisionMode = "generate",
-        compare_threshold: float = 0.5,
-    ) -> None:
-        super().__init__(
-            retriever=retriever,
-            task=task,
-            top_k=top_k,
-            max_step=max_step,
-            max_failure=max_failure,
-            max_passages=max_passages,
-            dedupe_queries=dedupe_queries,
-            decisions=decisions,
-            compare_threshold=compare_threshold,
-        )
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        """Only the first retrieval varies: the ablation has no loop to tune."""
-        return {"top_k": trial.suggest_categorical("top_k", [3, 5, 7, 10])}
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        # The ablation takes no stages: the paper's Table 2 runs it on plain retrieval.
+        super().__init__(retriever=retriever, task=task, **knobs)
 
 
 @register

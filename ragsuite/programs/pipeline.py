@@ -40,10 +40,12 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
 #: How a program takes its yes/no decisions: the LM's word (``generate``), or DSPy's probability-backed
 #: decision outputs (``probability``: the LM states P(yes) and the decision is ``P >= threshold``).
 DecisionMode = Literal["generate", "probability"]
+#: The decision modes, in the order the knobs and their search spaces list them.
+DECISION_MODES: tuple[str, ...] = ("generate", "probability")
 
 
 def check_decisions(value: Any) -> DecisionMode:
-    if value not in ("generate", "probability"):
+    if value not in DECISION_MODES:
         raise ConfigError(f"decisions must be 'generate' or 'probability', not {value!r}")
     return value
 
@@ -258,6 +260,7 @@ def gather(
 
 __all__ = [
     "ANSWER_FALLBACK",
+    "DECISION_MODES",
     "MAX_QUERY_CHARS",
     "DecisionMode",
     "agather",

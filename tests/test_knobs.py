@@ -1,0 +1,95 @@
+"""Knob declarations: each knob is declared once, and the constructor's checks and defaults, variants'
+defaults, ``--set`` values and Optuna's search space all come from that declaration."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from ragsuite import programs
+from ragsuite.errors import ConfigError
+from ragsuite.programs.knobs import Floats, Ints, Knobs, OneOf, choice, flag, integer, path, probability
+
+TOY = Knobs(
+    integer("max_step", 3, minimum=0, search=Ints(1, 5), help="steps"),
+    integer("max_failure", 2, minimum=1, search=Ints(1, "max_step"), help="failures"),
+    choice("mode", "a", ("a", "b"), search=OneOf(("a", "b")), help="mode"),
+    probability("threshold", 0.5, search=Floats(0.05, 0.95, when={"mode": "b"}), help="threshold"),
+    flag("dedupe", False, help="dedupe"),
+    path("classifier", help="a file"),
+)
+
+
+def test_check_fills_defaults_and_refuses_unknown_names_and_bad_values() -> None:
+    assert TOY.check({"max_step": 5}) == {
+        "max_step": 5,
+        "max_failure": 2,
+        "mode": "a",
+        "threshold": 0.5,
+        "dedupe": False,
+        "classifier": None,
+    }
+    assert type(TOY.check({"threshold": 1})["threshold"]) is float
+    with pytest.raises(ConfigError, match=r"has no knob 'max_steps'; its knobs are: max_step, max_failure"):
+        TOY.check({"max_steps": 5}, program="toy")
+    for name, value, words in [
+        ("max_step", -1, "an integer >= 0"),
+        ("max_step", True, "an integer >= 0"),
+        ("max_failure", 1.0, "an integer >= 1"),
+        ("mode", "c", "'a' or 'b'"),
+        ("threshold", 1.5, "a probability between 0 and 1"),
+        ("threshold", float("nan"), "a probability between 0 and 1"),
+        ("dedupe", 1, "true or false"),
+        ("classifier", 3, "a file path or null"),
+    ]:
+        with pytest.raises(ConfigError, match=f"{name} must be {words}, not"):
+            TOY.check({name: value})
+
+
+def test_set_values_are_read_by_the_knobs_type() -> None:
+    assert TOY.parse("max_step", "4") == 4
+    assert TOY.parse("dedupe", "true") is True
+    assert TOY.parse("mode", "b") == "b"
+    assert TOY.parse("classifier", "null") is None
+    assert TOY.parse("classifier", "123") == "123"  # a path, even one that reads as a number
+    with pytest.raises(ConfigError, match="max_step must be an integer >= 0, not 'many'"):
+        TOY.parse("max_step", "many")
+
+
+def test_variants_change_defaults_and_search_spaces_not_the_others() -> None:
+    variant = TOY.override(max_failure=1).tuned("max_step")
+    assert variant.defaults() == {**TOY.defaults(), "max_failure": 1}
+    assert variant.searched() == ["max_step"] and TOY.searched() == [
+        "max_step",
+        "max_failure",
+        "mode",
+        "threshold",
+    ]
+    with pytest.raises(ValueError, match="no knob 'max_fail'"):
+        TOY.override(max_fail=1)
+    with pytest.raises(ConfigError, match="an integer >= 1"):
+        TOY.override(max_failure=0)  # a wrong default fails where it is declared
+
+
+def test_search_space_keeps_bounds_and_conditions_between_knobs() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen_modes = set()
+    for _ in range(40):
+        knobs = TOY.suggest(study.ask())
+        assert 1 <= knobs["max_failure"] <= knobs["max_step"] <= 5
+        assert ("threshold" in knobs) == (knobs["mode"] == "b")
+        seen_modes.add(knobs["mode"])
+        assert "dedupe" not in knobs and "classifier" not in knobs
+    assert seen_modes == {"a", "b"}
+
+
+def test_programs_take_their_knobs_by_name_and_variants_only_override_defaults() -> None:
+    deepnote, adaptive = programs.get("deepnote"), programs.get("adaptive-note")
+    program = deepnote(max_step=5)
+    assert program.max_step == 5 and program.max_failure == 2
+    assert adaptive().max_failure == 1
+    with pytest.raises(ConfigError, match="program 'adaptive-note' has no knob 'max_steps'"):
+        adaptive(max_steps=5)
+    # One constructor: the variant declares other defaults, not another signature.
+    assert "__init__" not in vars(adaptive)
+    assert adaptive.KNOBS.defaults() == {**deepnote.KNOBS.defaults(), "max_failure": 1}
