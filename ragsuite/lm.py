@@ -17,6 +17,10 @@ Keys are read from the environment only. An OpenAI-compatible server given by ``
 a placeholder, since a local server started without ``--api-key`` accepts anything. The OpenAI key is never
 sent to a custom ``api_base``. Replicas all get that same key: it goes only to the hosts given.
 
+:func:`parse_lm_spec` only describes the endpoint (no server started, no host asked); :func:`resolve_endpoint`
+is the one place that starts or finds the local server and registers the endpoint's credentials for
+redaction, and :func:`build_lm` resolves the spec it is given.
+
 Example:
     >>> lm = build_lm("vllm:meta-llama/Llama-3.1-8B-Instruct@http://gpu-host:8000/v1")
     >>> lm.model
@@ -32,16 +36,17 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ragsuite.errors import ConfigError, RagsuiteError
 from ragsuite.offline import use_bundled_model_metadata
 from ragsuite.redaction import (
     PLACEHOLDER_KEY,
+    SplitURL,
     redact,
     register_secret,
-    register_url_credentials,
+    split_url,
     split_url_credentials,
     strip_credentials,
 )
@@ -66,27 +71,61 @@ class LMEndpointError(RagsuiteError, RuntimeError):
 
 
 @dataclass(frozen=True)
+class LocalModelSpec:
+    """What ``local[:NAME|PATH]`` asks for, before anything is resolved or started.
+
+    Attributes:
+        spec: The spec as given (``local``, ``local:NAME`` or ``local:PATH``).
+        options: The server's settings (``engine``, ``parallel``, ``ctx``, ``threads``, ...), those given
+            only, as sorted ``(name, value)`` pairs.
+    """
+
+    spec: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
 class LMSpec:
     """A parsed LM spec: the ``dspy.LM`` model string, the endpoint and where its key comes from.
 
+    :func:`parse_lm_spec` makes one without side effects; :func:`resolve_endpoint` starts (or finds) the
+    local server a ``local`` spec names and registers the endpoint's credentials for redaction.
+
     Attributes:
-        model: The ``dspy.LM`` model string (``openai/NAME`` for OpenAI-compatible servers).
-        api_base: The server's ``/v1`` URL, or None for the provider's own endpoint.
+        model: The ``dspy.LM`` model string (``openai/NAME`` for OpenAI-compatible servers; the spec itself
+            for a local model not resolved yet: its served name carries the file's hash).
+        endpoints: The servers given by ``api_base``, their credentials split out (several: replicas of one
+            model); empty for the provider's own endpoint.
         api_key_env: The environment variable holding the key, or None when a placeholder is used.
-        replicas: With several servers for one model, all their URLs (``api_base`` is the first); else empty.
-        local: For ``local[:...]``, the running local server and its verified model file; else None.
+        local_model: For ``local[:...]``, the model and server settings asked for; else None.
+        local: Once resolved, the running local server and its verified model file; else None.
     """
 
     model: str
-    api_base: str | None
-    api_key_env: str | None
-    replicas: tuple[str, ...] = ()
+    endpoints: tuple[SplitURL, ...] = ()
+    api_key_env: str | None = None
+    local_model: LocalModelSpec | None = None
     local: LocalEndpoint | None = None
+
+    @property
+    def api_base(self) -> str | None:
+        """The (first) server's ``/v1`` URL without credentials, or None for the provider's own endpoint."""
+        return self.endpoints[0].address if self.endpoints else None
+
+    @property
+    def authorization(self) -> str | None:
+        """The basic ``Authorization`` header of the (first) server's ``user:password@``, if it had one."""
+        return self.endpoints[0].authorization if self.endpoints else None
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        """With several servers for one model, all their URLs (``api_base`` is the first); else empty."""
+        return self.servers if len(self.endpoints) > 1 else ()
 
     @property
     def servers(self) -> tuple[str, ...]:
         """Every server's URL: the replicas, or ``api_base`` alone (none for a provider's own endpoint)."""
-        return self.replicas or ((self.api_base,) if self.api_base else ())
+        return tuple(endpoint.address for endpoint in self.endpoints)
 
     def public(self) -> dict[str, Any]:
         """The spec as saved in manifests: model and endpoint (credentials stripped; the list of replicas
@@ -94,9 +133,10 @@ class LMSpec:
         by the port its server happened to get."""
         if self.local is not None:
             return {**self.local.public(), "api_base": None, "key_env": None}
-        api_base: Any = strip_credentials(self.api_base)
-        if self.replicas:
-            api_base = [strip_credentials(url) for url in self.replicas]
+        if self.local_model is not None:
+            return {"model": self.model, "api_base": None, "key_env": None}
+        public = [endpoint.public for endpoint in self.endpoints]
+        api_base: Any = public if len(public) > 1 else (public[0] if public else None)
         return {"model": self.model, "api_base": api_base, "key_env": self.api_key_env}
 
 
@@ -126,11 +166,12 @@ def parse_lm_spec(
     api_key_env: str | None = None,
     local_options: Mapping[str, Any] | None = None,
 ) -> LMSpec:
-    """Resolve a spec (see the module docstring) and an optional ``api_base`` (one URL, a comma-separated
-    list or a sequence of them: replicas of one model) into an :class:`LMSpec`.
+    """Describe the endpoint a spec (see the module docstring) and an optional ``api_base`` (one URL, a
+    comma-separated list or a sequence of them: replicas of one model) name, as an :class:`LMSpec`.
 
-    ``local[:NAME|PATH]`` starts the local LM server for this process (or reuses the one already started,
-    or the one at ``api_base``), with ``local_options`` (``engine``, ``parallel``, ``ctx``, ``threads``).
+    Pure: no server is started, no host is asked, nothing is registered for redaction; the same arguments
+    give an equal spec. ``local[:NAME|PATH]`` records the model and ``local_options`` (``engine``,
+    ``parallel``, ``ctx``, ``threads``) for :func:`resolve_endpoint`, which starts or finds its server.
 
     Raises:
         ConfigError: for a malformed spec.
@@ -146,10 +187,9 @@ def parse_lm_spec(
             raise ConfigError(
                 "--lm local takes one --api-base (a `ragsuite serve --local` server), not replicas"
             )
-        from ragsuite.local_lm import local_endpoint
-
-        endpoint = local_endpoint(spec, api_base=bases[0] if bases else None, **dict(local_options or {}))
-        return LMSpec(f"openai/{endpoint.served_name}", _check_url(endpoint.api_base), None, local=endpoint)
+        options = tuple(sorted((k, v) for k, v in (local_options or {}).items() if v is not None))
+        endpoints = tuple(split_url(_check_url(url)) for url in bases)
+        return LMSpec(spec, endpoints, None, local_model=LocalModelSpec(spec, options))
     if spec.startswith("vllm:"):
         rest = spec[len("vllm:") :]
         name, url = rest, None
@@ -170,16 +210,14 @@ def parse_lm_spec(
     if bases:
         return _server_spec(spec, bases, _key_env_for_server(api_key_env))
     key_env = api_key_env or (f"{provider.upper()}_API_KEY" if provider == "openai" else None)
-    return LMSpec(spec, None, key_env)
+    return LMSpec(spec, (), key_env)
 
 
 def _server_spec(model: str, urls: list[str], key_env: str | None) -> LMSpec:
-    urls = [_check_url(url) for url in urls]
-    return LMSpec(model, urls[0], key_env, tuple(urls) if len(urls) > 1 else ())
+    return LMSpec(model, tuple(split_url(_check_url(url)) for url in urls), key_env)
 
 
 def _check_url(url: str) -> str:
-    register_url_credentials(url)
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"API base {redact(url)!r} is not an http(s) URL such as http://127.0.0.1:8000/v1")
@@ -190,6 +228,29 @@ def _key_env_for_server(api_key_env: str | None) -> str | None:
     if api_key_env:
         return api_key_env
     return DEFAULT_VLLM_KEY_ENV if os.environ.get(DEFAULT_VLLM_KEY_ENV) else None
+
+
+def resolve_endpoint(spec: LMSpec) -> LMSpec:
+    """Make ``spec``'s endpoint usable: the one place that starts (or reuses) the local LM server and that
+    registers the endpoint's credentials for redaction.
+
+    A ``local`` spec gets its running server (the one this process started for the same model and settings,
+    else a new one stopped at exit, or the ``ragsuite serve --local`` server at its ``api_base``, which
+    must serve this very file); any other spec comes back as it is. Resolving a resolved spec does nothing.
+
+    Raises:
+        ConfigError, ModelFileError, MissingExtraError, LocalServerError: as their messages say.
+    """
+    for endpoint in spec.endpoints:
+        endpoint.register()
+    if spec.local_model is None or spec.local is not None:
+        return spec
+    from ragsuite import local_lm
+
+    asked = spec.local_model
+    endpoint = local_lm.local_endpoint(asked.spec, api_base=spec.api_base, **dict(asked.options))
+    served = (split_url(endpoint.api_base),)
+    return replace(spec, model=f"openai/{endpoint.served_name}", endpoints=served, local=endpoint)
 
 
 def resolve_key(spec: LMSpec) -> str | None:
@@ -220,7 +281,7 @@ LOCAL_TIMEOUT = 1800.0
 
 
 def build_lm(
-    spec: str,
+    spec: str | LMSpec,
     *,
     api_base: str | Sequence[str] | None = None,
     api_key_env: str | None = None,
@@ -242,7 +303,9 @@ def build_lm(
     ``max_retry_wait`` seconds, whatever a server's ``Retry-After`` asks, and each wait is logged.
 
     Args:
-        spec: See the module docstring.
+        spec: See the module docstring; or an :class:`LMSpec` from :func:`parse_lm_spec` (resolved or not),
+            which then carries the endpoint, so ``api_base``, ``api_key_env`` and ``local_options`` are not
+            given.
         api_base: An OpenAI-compatible server's ``/v1`` URL (vLLM, ``ragsuite serve``); several (a
             comma-separated list or a sequence) are replicas of one model, spread over by LiteLLM's Router
             (:class:`ragsuite.lm_replicas.ReplicaLM`).
@@ -279,7 +342,11 @@ def build_lm(
         raise ConfigError("timeout must be > 0 seconds")
     if max_retry_wait < 0:
         raise ConfigError("max_retry_wait must be >= 0 seconds")
-    parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env, local_options=local_options)
+    if not isinstance(spec, LMSpec):
+        spec = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env, local_options=local_options)
+    elif api_base is not None or api_key_env is not None or local_options is not None:
+        raise ConfigError("build_lm takes api_base, api_key_env and local_options with a spec string only")
+    parsed = resolve_endpoint(spec)
     key = resolve_key(parsed)
     if timeout is None:
         timeout = LOCAL_TIMEOUT if parsed.local is not None else DEFAULT_TIMEOUT
@@ -296,7 +363,7 @@ def build_lm(
 
         return ReplicaLM(
             parsed.model,
-            replicas=parsed.replicas,
+            replicas=parsed.endpoints,
             api_key=key,
             key_env=parsed.api_key_env,
             timeout=timeout,
@@ -308,17 +375,17 @@ def build_lm(
             **kwargs,
         )
     if parsed.api_base:
-        # Credentials in the URL (a server behind HTTP basic auth) go in a header, never in the address.
-        kwargs["api_base"], basic = split_url_credentials(parsed.api_base)
-        if basic:
-            kwargs["extra_headers"] = {"Authorization": basic}
+        kwargs["api_base"] = parsed.api_base
+        if parsed.authorization:
+            # Credentials in the URL (a server behind HTTP basic auth) go in a header, never in the address.
+            kwargs["extra_headers"] = {"Authorization": parsed.authorization}
     if key is not None:
         kwargs["api_key"] = key
     from ragsuite.lm_client import EndpointLM
 
     # Cached answers belong to the endpoint that gave them: one served name can mean two different models.
     # A local model's answers belong to its file's content and engine, whatever port its server got.
-    scope = strip_credentials(parsed.api_base) if parsed.api_base else None
+    scope = parsed.endpoints[0].public if parsed.endpoints else None
     return EndpointLM(
         parsed.model,
         cache_scope=parsed.local.cache_scope if parsed.local is not None else scope,
@@ -394,7 +461,7 @@ def check_endpoint(spec: LMSpec, *, timeout: float = 10.0) -> list[str]:
     """Ask an OpenAI-compatible server which models it serves; fail clearly if it cannot be used.
 
     Only servers given by ``api_base`` are checked (the provider's own endpoint is left alone); with
-    replicas, every one of them.
+    replicas, every one of them. An unresolved spec is resolved first (:func:`resolve_endpoint`).
 
     Returns:
         The served model ids (empty when nothing was checked).
@@ -402,10 +469,11 @@ def check_endpoint(spec: LMSpec, *, timeout: float = 10.0) -> list[str]:
     Raises:
         LMEndpointError: unreachable server, key refused, or the model not among those served.
     """
+    spec = resolve_endpoint(spec)
     served: list[str] = []
-    for url in spec.servers:
+    for endpoint in spec.endpoints:
         try:
-            served += [name for name in _check_server(spec, url, timeout=timeout) if name not in served]
+            served += [name for name in _check_server(spec, endpoint, timeout=timeout) if name not in served]
         except LMEndpointError as exc:
             if spec.replicas:
                 raise LMEndpointError(
@@ -416,13 +484,12 @@ def check_endpoint(spec: LMSpec, *, timeout: float = 10.0) -> list[str]:
     return served
 
 
-def _check_server(spec: LMSpec, api_base: str, *, timeout: float) -> list[str]:
-    base, basic = split_url_credentials(api_base)
-    url = f"{base}/models"
+def _check_server(spec: LMSpec, endpoint: SplitURL, *, timeout: float) -> list[str]:
+    url = f"{endpoint.address}/models"
     shown = strip_credentials(url)
     key = resolve_key(spec)
     request = urllib.request.Request(url)
-    authorization = basic or (f"Bearer {key}" if key else None)
+    authorization = endpoint.authorization or (f"Bearer {key}" if key else None)
     if authorization:
         # Unredirected: urllib would otherwise copy the key onto a redirect to any host.
         request.add_unredirected_header("Authorization", authorization)
@@ -577,6 +644,7 @@ __all__ = [
     "SPEC_HELP",
     "LMEndpointError",
     "LMSpec",
+    "LocalModelSpec",
     "build_lm",
     "check_endpoint",
     "describe_lm_failure",
@@ -584,6 +652,7 @@ __all__ = [
     "parse_lm_spec",
     "parse_stage_lms",
     "redact",
+    "resolve_endpoint",
     "set_stage_lms",
     "split_api_bases",
     "split_url_credentials",

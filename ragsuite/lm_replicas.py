@@ -69,7 +69,7 @@ from dspy.clients.engines.litellm_errors import litellm_errors
 from dspy.clients.lm15_boundary import request_kwargs, response_value
 
 from ragsuite.lm_client import DEFAULT_MAX_RETRY_WAIT, EndpointLM
-from ragsuite.redaction import PLACEHOLDER_KEY, split_url_credentials, strip_credentials
+from ragsuite.redaction import PLACEHOLDER_KEY, SplitURL, split_url
 
 #: How the Router picks a replica (see the module docstring for why not LiteLLM's default).
 ROUTING_STRATEGY = "least-busy"
@@ -83,8 +83,10 @@ FAILOVER_ERRORS = (lm15.RateLimitError, lm15.ServerError, lm15.TimeoutError, lm1
 PROBE_TIMEOUT = 2.0
 
 
-def _public(url: str) -> str:
-    return strip_credentials(url) or url
+def _split(replicas: Sequence[str | SplitURL]) -> tuple[SplitURL, ...]:
+    """The replicas with their credentials split out (once, by :func:`ragsuite.redaction.split_url`) and
+    registered for redaction: a ReplicaLM is also built from URLs directly, not only by ``build_lm``."""
+    return tuple((url if isinstance(url, SplitURL) else split_url(url)).register() for url in replicas)
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -110,21 +112,20 @@ async def _aaccepts(url: str, timeout: float) -> bool:
 
 
 def _make_router(
-    model: str, replicas: Sequence[str], *, api_key: str | None, timeout: float, cooldown: float
+    model: str, replicas: Sequence[SplitURL], *, api_key: str | None, timeout: float, cooldown: float
 ) -> Any:
     import litellm
 
     deployments = []
-    for url in replicas:
-        base, basic = split_url_credentials(url)
-        params: dict[str, Any] = {"model": model, "api_base": base, "timeout": timeout}
+    for replica in replicas:
+        params: dict[str, Any] = {"model": model, "api_base": replica.address, "timeout": timeout}
         if api_key is not None:
             params["api_key"] = api_key
-        if basic:
-            params["extra_headers"] = {"Authorization": basic}
+        if replica.authorization:
+            params["extra_headers"] = {"Authorization": replica.authorization}
         # A deployment's own cooldown_time beats a Retry-After header: a replica asking for an hour must not
         # be left out for longer than DSPy's capped retry waits.
-        info = {"id": _public(url), "cooldown_time": cooldown}
+        info = {"id": replica.public, "cooldown_time": cooldown}
         deployments.append({"model_name": model, "litellm_params": params, "model_info": info})
     return litellm.Router(
         model_list=deployments,
@@ -157,13 +158,13 @@ class _RouterEngineState:
         self,
         *,
         model: str,
-        replicas: Sequence[str],
+        replicas: Sequence[str | SplitURL],
         key_env: str | None,
         timeout: float,
         cooldown: float = COOLDOWN_SECONDS,
     ) -> None:
         self.model = model
-        self.replicas = tuple(replicas)
+        self.replicas = _split(replicas)
         self.key_env = key_env
         self.timeout = float(timeout)
         self.cooldown = float(cooldown)
@@ -175,7 +176,7 @@ class _RouterEngineState:
     def dump_state(self) -> dict[str, Any]:
         return {
             "model": self.model,
-            "replicas": [_public(url) for url in self.replicas],
+            "replicas": [replica.public for replica in self.replicas],
             "key_env": self.key_env,
             "timeout": self.timeout,
             "cooldown": self.cooldown,
@@ -195,7 +196,7 @@ class _RouterEngineState:
         )
 
     def _unreachable(self) -> lm15.TransportError:
-        names = ", ".join(_public(url) for url in self.replicas)
+        names = ", ".join(replica.public for replica in self.replicas)
         return lm15.TransportError(
             f"failed to connect to any of the {len(self.replicas)} replicas ({names}): connection refused or "
             "host unreachable"
@@ -218,7 +219,7 @@ class RouterEngine(_RouterEngineState):
                 except Exception as exc:
                     raise self._resting(exc) from exc
         except FAILOVER_ERRORS as exc:
-            if not any(_accepts(url, self._probe_timeout) for url in self.replicas):
+            if not any(_accepts(replica.address, self._probe_timeout) for replica in self.replicas):
                 raise self._unreachable() from exc
             raise
         return response_value(raw, "chat", request)
@@ -247,7 +248,8 @@ class AsyncRouterEngine(_RouterEngineState):
                 except Exception as exc:
                     raise self._resting(exc) from exc
         except FAILOVER_ERRORS as exc:
-            reachable = await asyncio.gather(*(_aaccepts(url, self._probe_timeout) for url in self.replicas))
+            probes = (_aaccepts(replica.address, self._probe_timeout) for replica in self.replicas)
+            reachable = await asyncio.gather(*probes)
             if not any(reachable):
                 raise self._unreachable() from exc
             raise
@@ -280,13 +282,14 @@ def _engines_from_state(state: dict[str, Any]) -> tuple[RouterEngine, AsyncRoute
 
 def _engines(
     model: str,
-    replicas: Sequence[str],
+    replicas: Sequence[str | SplitURL],
     *,
     api_key: str | None,
     key_env: str | None,
     timeout: float,
     cooldown: float,
 ) -> tuple[RouterEngine, AsyncRouterEngine]:
+    replicas = _split(replicas)
     router = _make_router(model, replicas, api_key=api_key, timeout=timeout, cooldown=cooldown)
     state = {
         "model": model,
@@ -303,8 +306,9 @@ class ReplicaLM(EndpointLM):
 
     Args:
         model: The ``dspy.LM`` model string (``openai/SERVED_NAME``).
-        replicas: The replicas' ``/v1`` URLs (``user:password@`` allowed). ``build_lm`` makes a ReplicaLM for
-            two or more; one is allowed (a Router over one server, for comparisons).
+        replicas: The replicas' ``/v1`` URLs (``user:password@`` allowed), or a parsed spec's split ones
+            (``LMSpec.endpoints``). ``build_lm`` makes a ReplicaLM for two or more; one is allowed (a Router
+            over one server, for comparisons).
         api_key: The key every replica gets (None: none sent).
         key_env: The variable the key came from (kept when the LM's state is saved).
         timeout: Seconds per request before it fails over.
@@ -323,7 +327,7 @@ class ReplicaLM(EndpointLM):
         self,
         model: str,
         *,
-        replicas: Sequence[str] | None = None,
+        replicas: Sequence[str | SplitURL] | None = None,
         api_key: str | None = None,
         key_env: str | None = None,
         timeout: float = 120.0,
@@ -335,7 +339,7 @@ class ReplicaLM(EndpointLM):
         if engine is not None:  # loaded from a saved state, which rebuilt the engines
             if not isinstance(engine, RouterEngine) or not isinstance(async_engine, AsyncRouterEngine):
                 raise TypeError("ReplicaLM's engines are a RouterEngine and an AsyncRouterEngine")
-            replicas, timeout = engine.replicas, engine.timeout
+            timeout = engine.timeout
         elif not replicas:
             raise ValueError("ReplicaLM needs at least one replica")
         else:
@@ -344,7 +348,7 @@ class ReplicaLM(EndpointLM):
             engine, async_engine = _engines(
                 model, replicas, api_key=api_key, key_env=key_env, timeout=timeout, cooldown=cooldown
             )
-        public = tuple(_public(url) for url in replicas)
+        public = tuple(replica.public for replica in engine.replicas)
         super().__init__(
             model,
             cache_scope="replicas:" + ",".join(sorted(public)),
@@ -357,7 +361,7 @@ class ReplicaLM(EndpointLM):
         self.timeout = float(timeout)
 
 
-def replica_lm(model: str, replicas: Sequence[str], **kwargs: Any) -> ReplicaLM:
+def replica_lm(model: str, replicas: Sequence[str | SplitURL], **kwargs: Any) -> ReplicaLM:
     """Shorthand for :class:`ReplicaLM` (see its arguments)."""
     return ReplicaLM(model, replicas=replicas, **kwargs)
 

@@ -16,9 +16,10 @@ What :func:`redact` replaces with ``***``:
 :func:`install_log_redaction` applies the same to every log record of the process; the MLflow integration
 applies it to every trace span (:mod:`ragsuite.cli.mlflow_tracking`).
 
-:func:`strip_credentials` and :func:`split_url_credentials` take a URL's credentials out of its address (a
-server behind HTTP basic auth gets them as a header), for the LM factory (:mod:`ragsuite.lm`) and its
-replicas (:mod:`ragsuite.lm_replicas`) alike.
+:func:`split_url` takes a URL's credentials out of its address, once, without registering anything (a server
+behind HTTP basic auth gets them as a header): the LM spec parser (:mod:`ragsuite.lm`) and the replicas
+(:mod:`ragsuite.lm_replicas`) share the :class:`SplitURL` it returns, whose ``register`` hides them when the
+endpoint is used. :func:`strip_credentials` gives the address as recorded.
 
 Example:
     >>> register_url_credentials("http://alice:p@ss-w0rd@gpu:8000/v1")
@@ -35,6 +36,7 @@ import os
 import re
 import threading
 import urllib.parse
+from dataclasses import dataclass, field
 from typing import Any
 
 REDACTED = "***"
@@ -108,21 +110,53 @@ def strip_credentials(url: str | None) -> str | None:
     return urllib.parse.urlunparse(parsed._replace(netloc=netloc, query="", fragment=""))
 
 
-def split_url_credentials(url: str) -> tuple[str, str | None]:
-    """``http://user:pass@host/v1`` -> (``http://host/v1``, ``"Basic ..."``): a server behind HTTP basic auth.
-    A URL without credentials comes back unchanged with ``None``."""
+@dataclass(frozen=True)
+class SplitURL:
+    """A server URL with its ``user:password@`` taken out: where requests go, and the credentials it carried.
+
+    Attributes:
+        address: The URL without ``user:password@`` (its path and query kept: they are sent).
+        authorization: ``Basic base64(user:password)`` for a server behind HTTP basic auth, else None.
+        secrets: The strings to redact once the URL is used (see :func:`credential_forms`).
+    """
+
+    address: str
+    authorization: str | None = field(default=None, repr=False)
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def public(self) -> str:
+        """The address as recorded and shown: no credentials, no query string."""
+        return strip_credentials(self.address) or self.address
+
+    def register(self) -> SplitURL:
+        """Redact this URL's credentials from now on, wherever they appear; returns ``self``."""
+        for secret in self.secrets:
+            register_secret(secret)
+        return self
+
+
+def split_url(url: str) -> SplitURL:
+    """``http://user:pass@host/v1`` -> ``SplitURL("http://host/v1", "Basic ...")``, registering nothing: the
+    one place a URL's credentials are taken apart. A URL without credentials keeps its address as given."""
     parts = urllib.parse.urlsplit(url)
     if parts.username is None:
-        return url, None
-    register_url_credentials(url)  # the password and its token are hidden from every message from now on
-
+        return SplitURL(url)
     user = urllib.parse.unquote(parts.username)
     password = urllib.parse.unquote(parts.password or "")
     netloc = parts.hostname or ""
     if parts.port:
         netloc += f":{parts.port}"
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), f"Basic {token}"
+    address = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return SplitURL(address, f"Basic {token}", tuple(sorted(credential_forms(url))))
+
+
+def split_url_credentials(url: str) -> tuple[str, str | None]:
+    """``http://user:pass@host/v1`` -> (``http://host/v1``, ``"Basic ..."``), the credentials registered for
+    redaction from now on. A URL without credentials comes back unchanged with ``None``."""
+    split = split_url(url).register()
+    return split.address, split.authorization
 
 
 def _environment_secrets() -> set[str]:
@@ -258,6 +292,7 @@ def install_log_redaction() -> None:
 __all__ = [
     "PLACEHOLDER_KEY",
     "REDACTED",
+    "SplitURL",
     "credential_forms",
     "hide_url_passwords",
     "install_log_redaction",
@@ -266,6 +301,7 @@ __all__ = [
     "register_secret",
     "register_url_credentials",
     "secret_values",
+    "split_url",
     "split_url_credentials",
     "strip_credentials",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ragsuite.lm import LMEndpointError, check_endpoint, parse_lm_spec
+from ragsuite.lm import LMEndpointError, check_endpoint, parse_lm_spec, resolve_endpoint
 from ragsuite.local_lm import LocalServerError
 from tests.local_lm_fakes import tiny_model
 
@@ -86,7 +86,7 @@ def test_a_local_server_listing_models_in_the_wrong_shape_is_one_clear_error(
     path = tiny_model(tmp_path / "m.gguf")
     models_server.body = _shape(WRONG_SHAPES[case], resolve_model(f"local:{path}").name)
     with pytest.raises(LocalServerError, match="not an OpenAI model list") as raised:
-        parse_lm_spec(f"local:{path}", api_base=models_server.api_base)
+        resolve_endpoint(parse_lm_spec(f"local:{path}", api_base=models_server.api_base))
     assert models_server.api_base in str(raised.value) and "\n" not in str(raised.value)
 
 
@@ -107,7 +107,8 @@ def test_a_well_formed_list_still_passes(tmp_path: Path, cache: Path, models_ser
     path = tiny_model(tmp_path / "m.gguf")
     name = resolve_model(f"local:{path}").name
     models_server.body = {"object": "list", "data": [{"id": name, "owned_by": "llamacpp"}]}
-    assert parse_lm_spec(f"local:{path}", api_base=models_server.api_base).local.engine == "llama.cpp"
+    resolved = resolve_endpoint(parse_lm_spec(f"local:{path}", api_base=models_server.api_base))
+    assert resolved.local.engine == "llama.cpp"
     models_server.body = {"object": "list", "data": [{"id": "m"}]}
     assert check_endpoint(parse_lm_spec("openai/m", api_base=models_server.api_base)) == ["m"]
 

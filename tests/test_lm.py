@@ -17,6 +17,7 @@ from ragsuite.lm import (
     parse_lm_spec,
     parse_stage_lms,
     redact,
+    resolve_endpoint,
     set_stage_lms,
     strip_credentials,
 )
@@ -84,6 +85,78 @@ def test_conflicting_servers_and_bad_urls():
     with pytest.raises(ConfigError, match="not an http"):
         parse_lm_spec("openai/x", api_base="localhost:8000")
     assert strip_credentials("http://user:pw@h:8000/v1?token=abc") == "http://h:8000/v1"
+
+
+def test_parsing_a_spec_starts_no_server_reaches_no_host_and_registers_nothing(monkeypatch):
+    """Parsing only describes the endpoint: a ``local`` spec starts no server, no spec asks a server
+    anything, and a URL's password is not registered for redaction until the endpoint is resolved."""
+    import urllib.request
+
+    import ragsuite.local_lm as local_lm
+    import ragsuite.local_lm.server as local_server
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("parsing an LM spec must not start a server or reach a host")
+
+    for module, name in (
+        (local_lm, "shared_server"),
+        (local_lm, "local_endpoint"),
+        (local_server, "shared_server"),
+    ):
+        monkeypatch.setattr(module, name, refuse)
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+    for spec, api_base in (("local", None), ("local:some-model", None), ("local", "http://127.0.0.1:9/v1")):
+        parsed = parse_lm_spec(spec, api_base=api_base, local_options={"threads": 2})
+        assert parsed.local is None and parsed.local_model is not None
+        assert parsed.local_model.spec == spec and dict(parsed.local_model.options) == {"threads": 2}
+    url = "http://alice:parse-only-pw-4711@gpu:8000/v1"
+    parse_lm_spec("openai/m", api_base=url)
+    parse_lm_spec(f"vllm:m@{url},http://gpu-2:8000/v1")
+    assert redact("echo parse-only-pw-4711") == "echo parse-only-pw-4711"
+
+
+def test_a_parsed_spec_is_deterministic_and_holds_no_secret_in_sight():
+    import base64
+
+    url = "http://bob:repr-hidden-pw-90@gpu:8000/v1"
+    first = parse_lm_spec("openai/m", api_base=f"{url},http://carol:other-pw-91@gpu-2:8000/v1")
+    assert first == parse_lm_spec("openai/m", api_base=f"{url},http://carol:other-pw-91@gpu-2:8000/v1")
+    assert first.api_base == "http://gpu:8000/v1" and first.replicas == (
+        "http://gpu:8000/v1",
+        "http://gpu-2:8000/v1",
+    )
+    token = base64.b64encode(b"bob:repr-hidden-pw-90").decode()
+    assert first.authorization == f"Basic {token}"
+    for secret in ("repr-hidden-pw-90", "other-pw-91", token):
+        assert secret not in repr(first) and secret not in str(first.public())
+
+
+def test_resolving_an_endpoint_registers_its_credentials_and_starts_the_local_server_once(monkeypatch):
+    from pathlib import Path
+
+    import ragsuite.local_lm as local_lm
+    from ragsuite.local_lm import LocalEndpoint, ModelFile
+
+    parsed = parse_lm_spec("openai/m", api_base="http://dan:resolve-pw-5150@gpu:8000/v1")
+    assert redact("echo resolve-pw-5150") == "echo resolve-pw-5150"
+    assert resolve_endpoint(parsed) == parsed  # nothing to start for a remote server
+    assert redact("echo resolve-pw-5150") == "echo ***"
+    started = []
+
+    def fake_endpoint(spec, *, api_base=None, **options):
+        started.append((spec, api_base, options))
+        model = ModelFile("m-0123abcd", Path("m.gguf"), "0123abcd" * 8)
+        return LocalEndpoint(model, "http://127.0.0.1:4242/v1", "llama.cpp", api_key="local-key-" + "x" * 20)
+
+    monkeypatch.setattr(local_lm, "local_endpoint", fake_endpoint)
+    parsed = parse_lm_spec("local:m", local_options={"threads": 2, "ctx": None})
+    assert started == []
+    resolved = resolve_endpoint(parsed)
+    assert started == [("local:m", None, {"threads": 2})]
+    assert (resolved.model, resolved.api_base) == ("openai/m-0123abcd", "http://127.0.0.1:4242/v1")
+    assert resolved.local is not None and "local-key-" not in repr(resolved)
+    assert resolve_endpoint(resolved) is resolved  # resolved once: no second server
+    assert resolved.public()["sha256"] == "0123abcd" * 8 and "4242" not in str(resolved.public())
 
 
 def test_check_endpoint_reports_unreachable_and_unknown_models():
@@ -167,7 +240,7 @@ def test_redact_hides_basic_auth_in_every_form_and_passwords_holding_an_at(monke
     # A configured URL's password, user:password and bare token are hidden wherever they appear.
     text = f"echo: {token} / alice:p@ss-w0rd-9 / p@ss-w0rd-9"
     assert redact(text) == text  # not configured yet: a bare token cannot be told from other text
-    parse_lm_spec("openai/m", api_base=url.removesuffix("/models"))
+    resolve_endpoint(parse_lm_spec("openai/m", api_base=url.removesuffix("/models")))
     assert redact(text) == "echo: *** / *** / ***"
     # A key read from a variable of any name (--api-key-env) is hidden too.
     monkeypatch.setenv("LLM_CREDENTIAL", "opaque-credential-42")

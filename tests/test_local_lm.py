@@ -197,13 +197,13 @@ def test_lm_local_talks_to_the_server_and_records_the_model_not_the_port(
 ) -> None:
     import dspy
 
-    from ragsuite.lm import build_lm, parse_lm_spec
+    from ragsuite.lm import build_lm, parse_lm_spec, resolve_endpoint
     from ragsuite.local_lm.server import stop_shared_servers
 
     monkeypatch.setenv("RAGSUITE_LLAMA_SERVER", str(fake_llama_server(tmp_path)))
     path = tiny_model(tmp_path / "m.gguf")
     try:
-        parsed = parse_lm_spec(f"local:{path}", local_options={"engine": "auto"})
+        parsed = resolve_endpoint(parse_lm_spec(f"local:{path}", local_options={"engine": "auto"}))
         lm = build_lm(f"local:{path}", local_options={"engine": "auto"}, cache=False)
         assert parsed.api_base == lm.kwargs["api_base"]  # one server for both calls
         public = parsed.public()
@@ -339,18 +339,18 @@ def test_the_stage_adapter_is_json_only_for_plain_outputs_of_a_schema_holding_lm
 def test_a_running_local_server_is_reused_by_api_base_and_must_serve_the_same_file(
     tmp_path: Path, cache: Path
 ) -> None:
-    from ragsuite.lm import parse_lm_spec
+    from ragsuite.lm import parse_lm_spec, resolve_endpoint
     from ragsuite.local_lm import LocalServerError as Error
 
     path = tiny_model(tmp_path / "m.gguf")
     other = write_gguf(tmp_path / "other.gguf", {"general.architecture": "llama"})
     model = resolve_model(f"local:{path}")
     with LocalServer(model, engine="llama.cpp", llama_server=fake_llama_server(tmp_path)) as server:
-        parsed = parse_lm_spec(f"local:{path}", api_base=server.api_base)
+        parsed = resolve_endpoint(parse_lm_spec(f"local:{path}", api_base=server.api_base))
         assert parsed.api_base == server.api_base and parsed.local is not None
         assert parsed.local.engine == "llama.cpp"
         with pytest.raises(Error, match=r"not other-"):
-            parse_lm_spec(f"local:{other}", api_base=server.api_base)
+            resolve_endpoint(parse_lm_spec(f"local:{other}", api_base=server.api_base))
 
 
 def test_serve_local_list_shows_what_is_installed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -224,16 +224,15 @@ def _top_ks(text: str) -> list[int]:
 
 def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     from ragsuite.cli.args import local_options
-    from ragsuite.lm import build_lm, check_endpoint, parse_lm_spec, redact
+    from ragsuite.lm import build_lm, check_endpoint, parse_lm_spec, redact, resolve_endpoint
 
     local = local_options(args)
     parsed = parse_lm_spec(
         args.judge_lm, api_base=args.judge_api_base, api_key_env=args.judge_api_key_env, local_options=local
     )
+    parsed = resolve_endpoint(parsed)  # the local LM's server starts here, once
     lm = build_lm(
-        args.judge_lm,
-        api_base=args.judge_api_base,
-        api_key_env=args.judge_api_key_env,
+        parsed,
         temperature=args.judge_temperature,
         top_p=args.judge_top_p,
         max_tokens=args.judge_max_tokens,
@@ -242,7 +241,6 @@ def _judge_lm(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         cache=not args.no_cache,
         seed=args.seed,
         max_retry_wait=args.max_retry_wait,
-        local_options=local,
     )
     check_endpoint(parsed, timeout=min(args.timeout or 10.0, 10.0))
     public = {

@@ -462,7 +462,14 @@ def generation_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """The main LM, the per-stage LMs, and their public descriptions for the manifest."""
-    from ragsuite.lm import build_lm, check_endpoint, parse_lm_spec, parse_stage_lms, redact
+    from ragsuite.lm import (
+        build_lm,
+        check_endpoint,
+        parse_lm_spec,
+        parse_stage_lms,
+        redact,
+        resolve_endpoint,
+    )
 
     generation = generation_settings(args)
     options = {
@@ -478,7 +485,8 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
 
     def make(spec: str, api_base: str | None) -> tuple[Any, dict[str, Any]]:
         parsed = parse_lm_spec(spec, api_base=api_base, api_key_env=args.api_key_env, local_options=local)
-        lm = build_lm(spec, api_base=api_base, api_key_env=args.api_key_env, local_options=local, **options)
+        parsed = resolve_endpoint(parsed)  # the local LM's server starts here, once
+        lm = build_lm(parsed, **options)
         key = f"{parsed.model}@{','.join(parsed.servers)}"
         if key not in checked:  # fail before the run starts, not once per example
             check_endpoint(parsed, timeout=min(args.timeout or 10.0, 10.0))
