@@ -121,6 +121,8 @@ DOCS_START, DOCS_END = "<!-- fusion-table:start -->", "<!-- fusion-table:end -->
 #: A fusion is "at its best member" within this much recall.
 SLACK = 0.005
 ALPHAS = [round(0.05 * i, 2) for i in range(21)]
+#: The RRF constants the default fit tries with each alpha.
+RRF_KS = (0, 5, 10, 20, 40, 60)
 
 
 def fit_half(example_id: str) -> bool:
@@ -213,14 +215,13 @@ def fit_defaults(fits: Sequence[dict]) -> dict:
     margin), checked on the held-out halves."""
     from ragsuite.retrieval.sweep import fused_metrics
 
-    def margins(mode: str, alpha: float, half: bool) -> list[float]:
+    def margins(mode: str, alpha: float, rrf_k: int, half: bool) -> list[float]:
         out = []
         for f in fits:
             mask = [x == half for x in f["fit"]]
             lists, golds = _pick(f["lists"], mask), _pick(f["golds"], mask)
-            fused = fused_metrics(
-                f["hybrids"][mode].with_fusion(weights=[1 - alpha, alpha]), lists, golds, (5, 10)
-            )
+            hybrid = f["hybrids"][mode].with_fusion(weights=[round(1 - alpha, 12), alpha], rrf_k=rrf_k)
+            fused = fused_metrics(hybrid, lists, golds, (5, 10))
             members = [
                 _recalls([[p.id for p in per[i][:K]] for per in lists], golds) for i in range(len(MEMBERS))
             ]
@@ -229,13 +230,17 @@ def fit_defaults(fits: Sequence[dict]) -> dict:
 
     fitted = {}
     for mode in ("rrf", "linear"):
-        scored = [(alpha, margins(mode, alpha, True)) for alpha in ALPHAS]
-        alpha, fit_margins = max(scored, key=lambda am: (min(am[1]), statistics.fmean(am[1])))
+        ks = RRF_KS if mode == "rrf" else (60,)  # linear has no rrf_k
+        scored = [((alpha, k), margins(mode, alpha, k, True)) for k in ks for alpha in ALPHAS]
+        (alpha, rrf_k), fit_margins = max(scored, key=lambda am: (min(am[1]), statistics.fmean(am[1])))
         fitted[mode] = {
             "alpha": alpha,
+            **({"rrf_k": rrf_k} if mode == "rrf" else {}),
             "fit_margins": fit_margins,
-            "held_out_margins": margins(mode, alpha, False),
-            "grid": [{"alpha": a, "worst": min(m), "mean": statistics.fmean(m)} for a, m in scored],
+            "held_out_margins": margins(mode, alpha, rrf_k, False),
+            "grid": [
+                {"alpha": a, "rrf_k": k, "worst": min(m), "mean": statistics.fmean(m)} for (a, k), m in scored
+            ],
         }
     return fitted
 
@@ -301,16 +306,17 @@ def fusion_markdown(run: dict) -> str:
     fit = run["defaults"]
     lines += [
         "",
-        "The defaults (BM25 weighted 1 - alpha, dense alpha), fitted on the fit halves: the alpha whose "
-        "worst margin over the best member (recall@5 or @10, any dataset) is largest:",
+        "The defaults (BM25 weighted 1 - alpha, dense alpha), fitted on the fit halves: the alpha (and for "
+        "RRF the rrf_k) whose worst margin over the better member (recall@5 or @10, any dataset) is largest:",
         "",
-        "| fusion | alpha | worst margin, fit halves | worst margin, held-out halves |",
-        "|---|---:|---:|---:|",
+        "| fusion | alpha | rrf_k | worst margin, fit halves | worst margin, held-out halves |",
+        "|---|---:|---:|---:|---:|",
     ]
     for mode in ("rrf", "linear"):
         f = fit[mode]
         worst_fit, worst_held = min(f["fit_margins"]), min(f["held_out_margins"])
-        lines.append(f"| {mode} | {f['alpha']:.2f} | {worst_fit:+.3f} | {worst_held:+.3f} |")
+        rrf_k = f.get("rrf_k", "–")
+        lines.append(f"| {mode} | {f['alpha']:.2f} | {rrf_k} | {worst_fit:+.3f} | {worst_held:+.3f} |")
     lines += ["", "Tuned settings per dataset (Optuna, recall@5 on the fit half):", ""]
     lines += ["| dataset | RRF tuned | linear tuned |", "|---|---|---|"]
     for r in records:
@@ -361,12 +367,12 @@ def fusion_run(
         )
         records.append(record)
         fits.append(fit)
-    from ragsuite.retrieval.hybrid import DEFAULT_WEIGHTS
+    from ragsuite.retrieval.hybrid import DEFAULT_RRF_K, DEFAULT_WEIGHTS
 
     return {
         "datasets": records,
         "defaults": fit_defaults(fits),
-        "library_defaults": DEFAULT_WEIGHTS,
+        "library_defaults": {"weights": DEFAULT_WEIGHTS, "rrf_k": DEFAULT_RRF_K},
         "trials": trials,
         "seed": seed,
     }

@@ -359,6 +359,10 @@ def test_weighted_specs_round_trip_through_program_files(tmp_path, monkeypatch, 
     monkeypatch.setattr(hybrid_module, "default_weights", lambda mode, members: [0.2, 0.8])
     assert build_retriever("hybrid:rrf:bm25:nq+bm25:hotpotqa", data_dir=data_dir).weights == [0.2, 0.8]
     assert rebuild_retriever(old, data_dir=data_dir).weights == [1.0, 1.0]
+    # Its rrf_k and depth were kept in the description only: they are rebuilt from there.
+    old = {**old, "rrf_k": 33, "depth": 40}
+    rebuilt = rebuild_retriever(old, data_dir=data_dir)
+    assert (rebuilt.rrf_k, rebuilt.depth, rebuilt.weights) == (33, 40, [1.0, 1.0])
 
 
 def test_fuse_from_deeper_lists_matches_a_call():

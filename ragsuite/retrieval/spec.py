@@ -192,7 +192,7 @@ def rebuild_retriever(
         spec = description["spec"]
     _check_corpus(description, data_dir)
     if description.get("kind") == "hybrid" and "weights" not in description:
-        spec = _unweighted(spec)
+        spec = _legacy_hybrid_spec(spec, description)
     settings = {k: description[k] for k in _BM25_SETTINGS if k in description}
     options = settings if description.get("kind") == "bm25" else {}
     retriever = build_retriever(spec, data_dir=data_dir, cache_dir=cache_dir, **options)
@@ -223,14 +223,18 @@ _BM25_SETTINGS = (
 _HYBRID_SETTINGS = ("weights", "rrf_k", "norm", "depth")
 
 
-def _unweighted(spec: str) -> str:
-    """A hybrid saved before hybrids had weights weighed every member 1: keep it so, whatever the defaults."""
+def _legacy_hybrid_spec(spec: str, description: Mapping[str, Any]) -> str:
+    """A hybrid saved before its spec carried weights and settings weighed every member 1 and kept rrf_k and
+    depth in its description only: rebuild it so, whatever today's defaults."""
     from ragsuite.retrieval.hybrid import format_hybrid_spec, parse_hybrid_spec
 
     mode, members, weights, settings = parse_hybrid_spec(spec)
-    if mode == "interleave" or weights is not None:
-        return spec
-    return format_hybrid_spec(mode, [f"{m}@1" for m in members], **settings)
+    if mode != "interleave" and weights is None:
+        members = [f"{m}@1" for m in members]
+    for key in ("rrf_k", "depth"):
+        if isinstance(description.get(key), int):
+            settings.setdefault(key, description[key])
+    return format_hybrid_spec(mode, members, **settings)
 
 
 def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:
