@@ -191,11 +191,6 @@ def show_key(key: str, variable: str) -> None:
     )
 
 
-def stop(process: subprocess.Popen[Any], *, grace: float = 20.0) -> int:
-    """Stop the server's whole process group: SIGINT, then SIGTERM, then SIGKILL, ``grace`` seconds apart."""
-    return stop_process(process, timeout=grace, group=True)
-
-
 def replica_devices(replicas: int, per_replica: int, visible: str | None) -> list[str]:
     """``CUDA_VISIBLE_DEVICES`` of each replica: consecutive groups of ``per_replica`` GPUs, numbered from 0
     or taken in order from ``visible`` (the caller's own ``CUDA_VISIBLE_DEVICES``).
@@ -263,10 +258,10 @@ def run(args: argparse.Namespace) -> int:
         return code or 1
     except KeyboardInterrupt:
         print("stopping vllm ...", file=sys.stderr, flush=True)
-        stop(process)
+        stop_process(process, timeout=20.0, group=True)  # vLLM and its workers: the whole group
         return 0
     except BaseException:
-        stop(process, grace=5.0)
+        stop_process(process, timeout=5.0, group=True)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -335,7 +330,7 @@ def run_replicas(args: argparse.Namespace) -> int:
         return 0
     finally:
         for process in processes:
-            stop(process, grace=20.0)
+            stop_process(process, timeout=20.0, group=True)
         signal.signal(signal.SIGTERM, previous)
 
 
