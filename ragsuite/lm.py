@@ -295,6 +295,7 @@ def build_lm(
     max_retry_wait: float = 60.0,
     top_p: float | None = None,
     local_options: Mapping[str, Any] | None = None,
+    max_connections: int | None = None,
 ) -> dspy.LM:
     """Build a ``dspy.LM`` from a spec.
 
@@ -323,6 +324,8 @@ def build_lm(
         top_p: Nucleus sampling; None leaves the provider's default.
         local_options: For ``local[:...]`` specs: ``engine``, ``parallel``, ``ctx``, ``threads`` of the
             server started for them (:class:`ragsuite.local_lm.LocalServer`).
+        max_connections: The most requests the LM keeps in flight at once, per server (its connection
+            pool); None: DSPy's default, 100. The command line derives it from ``--threads``.
 
     Raises:
         ConfigError: malformed spec or missing key.
@@ -342,6 +345,8 @@ def build_lm(
         raise ConfigError("timeout must be > 0 seconds")
     if max_retry_wait < 0:
         raise ConfigError("max_retry_wait must be >= 0 seconds")
+    if max_connections is not None and max_connections < 1:
+        raise ConfigError("max_connections must be >= 1 (--max-connections)")
     if not isinstance(spec, LMSpec):
         spec = parse_lm_spec(spec, api_base=api_base, api_key_env=api_key_env, local_options=local_options)
     elif api_base is not None or api_key_env is not None or local_options is not None:
@@ -391,6 +396,7 @@ def build_lm(
         cache_scope=parsed.local.cache_scope if parsed.local is not None else scope,
         structured_outputs=parsed.local is not None and parsed.local.structured_outputs,
         max_retry_wait=max_retry_wait,
+        max_connections=max_connections,
         temperature=temperature,
         max_tokens=max_tokens,
         timeout=timeout,

@@ -19,8 +19,13 @@ ignored the limit) is refused with :class:`LMReplyTooLongError`, which the run r
 error. DSPy would otherwise parse it, and on a failed parse retry the call with its JSON adapter, whose
 repair of malformed JSON (``json_repair``) takes super-linear time: a 1 MB reply held a run for minutes.
 
-The hooks are small patches of dspy 3.4's internals (``Cache.cache_key``, ``LM.update_history`` and the
-retry delay of ``dspy.clients.execution``); the tests fail if a DSPy release changes them.
+DSPy's client keeps at most 100 connections per LM (lm15's default pool, which ``dspy.LM`` does not expose):
+past 100 requests in flight, calls queue for a connection however many threads or tasks make them.
+:class:`EndpointLM` takes ``max_connections`` and gives it to the pool DSPy builds for that LM only.
+
+The hooks are small patches of dspy 3.4's internals (``Cache.cache_key``, ``LM.update_history``, the
+retry delay and the ``RouterConfig`` of ``dspy.clients.execution``); the tests fail if a DSPy release changes
+them.
 """
 
 from __future__ import annotations
@@ -167,14 +172,43 @@ def _install_capped_retry_waits() -> None:
     execution._delay = delay
 
 
+# The connection pool of the LM call running in this context (None: DSPy's default, 100).
+_MAX_CONNECTIONS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "ragsuite_max_connections", default=None
+)
+
+
+def _install_connection_limits() -> None:
+    """Size the connection pool DSPy builds for an LM by that LM's ``max_connections`` (idempotent).
+
+    dspy 3.4 builds one lm15 ``RouterConfig`` per LM (and per event loop) in ``dspy.clients.execution`` on
+    the LM's first call, without ``max_connections``; the pool built from it is that LM's alone, so the
+    value in force during the call that builds it belongs to that LM.
+    """
+    original = execution.RouterConfig
+    if getattr(original, "_ragsuite_connections", False):
+        return
+
+    def router_config(*args: Any, **kwargs: Any) -> Any:
+        limit = _MAX_CONNECTIONS.get()
+        # lm15 refuses max_connections beside a transport of the caller's own; DSPy passes none today.
+        if limit is not None and kwargs.get("max_connections") is None and kwargs.get("transport") is None:
+            kwargs["max_connections"] = limit
+        return original(*args, **kwargs)
+
+    router_config._ragsuite_connections = True  # type: ignore[attr-defined]
+    execution.RouterConfig = router_config  # type: ignore[misc]
+
+
 @contextlib.contextmanager
-def _scoped(scope: str | None, max_wait: float | None) -> Iterator[None]:
-    tokens = _CACHE_SCOPE.set(scope), _MAX_WAIT.set(max_wait)
+def _scoped(scope: str | None, max_wait: float | None, max_connections: int | None = None) -> Iterator[None]:
+    tokens = _CACHE_SCOPE.set(scope), _MAX_WAIT.set(max_wait), _MAX_CONNECTIONS.set(max_connections)
     try:
         yield
     finally:
         _CACHE_SCOPE.reset(tokens[0])
         _MAX_WAIT.reset(tokens[1])
+        _MAX_CONNECTIONS.reset(tokens[2])
 
 
 def response_usage(response: Any) -> dict[str, int] | None:
@@ -213,6 +247,8 @@ class EndpointLM(dspy.LM):
         structured_outputs: The server constrains a reply to a JSON schema given as ``response_format``
             (llama-server does, with a grammar): DSPy's JSON adapter then sends each signature's schema, and
             a reply always parses. DSPy cannot know this of a served name it has never heard of.
+        max_connections: The most requests this LM keeps in flight at once (its connection pool); None:
+            DSPy's default, 100.
         **kwargs: As for ``dspy.LM``.
 
     Example:
@@ -226,14 +262,19 @@ class EndpointLM(dspy.LM):
         cache_scope: str | None = None,
         max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
         structured_outputs: bool = False,
+        max_connections: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
+            raise ValueError(f"max_connections must be a whole number >= 1, not {max_connections!r}")
         _install_scoped_cache_keys()
         _install_capped_retry_waits()
+        _install_connection_limits()
         super().__init__(model, **kwargs)
         self.cache_scope = cache_scope
         self.max_retry_wait = float(max_retry_wait)
         self.structured_outputs = structured_outputs
+        self.max_connections = max_connections
 
     @property
     def supports_response_schema(self) -> bool:
@@ -245,11 +286,11 @@ class EndpointLM(dspy.LM):
         return params | {"response_format"} if self.structured_outputs else params
 
     def __call__(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        with _scoped(self.cache_scope, self.max_retry_wait):
+        with _scoped(self.cache_scope, self.max_retry_wait, getattr(self, "max_connections", None)):
             return self._bounded(super().__call__(prompt, messages=messages, **kwargs), kwargs)
 
     async def acall(self, prompt: Any = None, *, messages: Any = None, **kwargs: Any) -> Any:
-        with _scoped(self.cache_scope, self.max_retry_wait):
+        with _scoped(self.cache_scope, self.max_retry_wait, getattr(self, "max_connections", None)):
             return self._bounded(await super().acall(prompt, messages=messages, **kwargs), kwargs)
 
     def _bounded(self, outputs: Any, kwargs: dict[str, Any]) -> Any:

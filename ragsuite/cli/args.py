@@ -327,6 +327,30 @@ def _build_retriever(spec: str, args: argparse.Namespace) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------------- LM
+#: DSPy's own connection pool per LM; the default never goes below it.
+MIN_CONNECTIONS = 100
+#: LM calls one question may have in flight at once: programs fan out (HANRAG's sub-questions, per-passage
+#: filters), so a pool of one connection per thread would queue those calls behind each other.
+CONNECTIONS_PER_THREAD = 4
+
+
+def default_max_connections(threads: int | None) -> int:
+    """The LM's connection pool for ``threads`` questions at once: ``CONNECTIONS_PER_THREAD`` per question,
+    and never fewer than DSPy's own 100."""
+    return max(MIN_CONNECTIONS, CONNECTIONS_PER_THREAD * (threads or 1))
+
+
+def connection_count(value: str) -> int:
+    """``--max-connections``: a whole number >= 1."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {value!r}")
+    return count
+
+
 class ApiBasesAction(argparse.Action):
     """``--api-base`` given again adds a replica: the value is kept as one comma-separated list."""
 
@@ -384,6 +408,14 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="longest wait before a retry, whatever a server's Retry-After asks (default 60); "
         "each wait is logged",
+    )
+    group.add_argument(
+        "--max-connections",
+        type=connection_count,
+        default=None,
+        metavar="N",
+        help="most LM requests in flight at once, per LM and server (default: 4 per --threads, at least "
+        "100, DSPy's own limit)",
     )
     group.add_argument("--no-cache", action="store_true", help="bypass DSPy's response cache")
     group.add_argument(
@@ -479,6 +511,7 @@ def build_lms(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, 
         "cache": not args.no_cache,
         "seed": getattr(args, "seed", None),
         "max_retry_wait": args.max_retry_wait,
+        "max_connections": args.max_connections or default_max_connections(getattr(args, "threads", None)),
     }
     local = local_options(args)
     checked: set[str] = set()
@@ -527,6 +560,7 @@ def build_teacher(args: argparse.Namespace) -> Any:
         retries=args.retries,
         cache=not args.no_cache,
         local_options=local_options(args),
+        max_connections=args.max_connections or default_max_connections(getattr(args, "threads", None)),
     )
 
 
