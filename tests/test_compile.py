@@ -143,6 +143,52 @@ def test_bad_arguments_are_clear(lm):
         compile_program(program, toys.examples())
 
 
+def test_a_compile_job_checks_and_derives_its_settings_without_running_anything():
+    from ragsuite.optimizers.compile import compile_job, gepa_budget
+
+    program, examples = _program(), toys.examples()
+    teacher = toys.scripted_lm()
+    job = compile_job(
+        program, examples[:4], examples[4:6], optimizer="gepa", metric=toys.exact, teacher_lm=teacher
+    )
+    # GEPA reflects with the teacher unless told otherwise; its budget is filled in and recorded.
+    assert job.reflection_lm is teacher and job.opts == {"max_metric_calls": gepa_budget(4, 2)}
+    assert job.trainset == examples[:4] and job.valset == examples[4:6]
+    assert compile_job(program, examples[:4], optimizer="gepa", metric=toys.exact, teacher_lm=teacher,
+                       opts={"auto": "light"}).opts == {"auto": "light"}  # fmt: skip
+    plain = compile_job(program, examples[:4], [], optimizer="bootstrap", metric=toys.exact, opts={"a": 1})
+    assert plain.valset is None and plain.opts == {"a": 1} and plain.reflection_lm is None
+    assert teacher.history == []  # nothing ran
+
+
+def test_finish_compile_restores_knobs_keeps_the_retriever_and_records_the_run():
+    from ragsuite.optimizers.compile import compile_job, finish_compile
+
+    program = _program(top_k=5, max_step=2)
+    program.optimization = {"earlier": "kept"}
+    job = compile_job(program, toys.examples()[:3], optimizer="bootstrap", metric=toys.exact,
+                      seed=7, opts={"max_rounds": 2, "log_dir": "x", "teacher": object()})  # fmt: skip
+    rebuilt = _program(top_k=1, max_step=1)  # as if an optimizer had rebuilt the program
+    rebuilt.retriever = None
+    compiled = finish_compile(job, rebuilt, knobs=program.knobs(), recorded={"note": 1})
+    assert compiled.knobs() == {"top_k": 5, "max_step": 2} and compiled.retriever is program.retriever
+    assert compiled.optimization == {
+        "earlier": "kept",
+        "note": 1,
+        "optimizer": "bootstrap",
+        "trainset_size": 3,
+        "valset_size": 0,
+        "seed": 7,
+        "options": {"max_rounds": 2},  # not the log directory, nor what a file cannot hold
+    }
+    # Knobs a run fitted (ReAnchor) are kept, not restored.
+    fitted = _program(top_k=9, max_step=2)
+    kept = finish_compile(job, fitted, knobs=program.knobs(), recorded={"fitted": {"top_k": 9}})
+    assert kept.knobs() == {"top_k": 9, "max_step": 2}
+    with pytest.raises(ConfigError, match="returned a Module, not a ToyProgram"):
+        finish_compile(job, dspy.Module(), knobs={}, recorded={})
+
+
 def test_optimizer_metric_is_float_when_scoring_and_bool_under_trace():
     metric = optimizer_metric(lambda ex, pred, trace=None: 0.5)
     example = toys.examples()[0]

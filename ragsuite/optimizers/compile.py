@@ -17,7 +17,8 @@ import json
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -427,6 +428,79 @@ def compile_program(
         ConfigError: on an unknown optimizer or option, an empty trainset, GEPA without a reflection LM,
             a GEPA ``log_dir`` holding another run, or a program failing on every train example under GEPA.
     """
+    job = compile_job(
+        program,
+        trainset,
+        valset,
+        optimizer=optimizer,
+        metric=metric,
+        dataset=dataset,
+        teacher_lm=teacher_lm,
+        reflection_lm=reflection_lm,
+        threads=threads,
+        seed=seed,
+        opts=opts,
+    )
+    knobs = program.knobs()
+    compiled, recorded = _RUNS[optimizer](job)
+    return finish_compile(job, compiled, knobs=knobs, recorded=recorded)
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One compile's checked inputs and derived settings (:func:`compile_job`): what a run of an optimizer
+    (``_RUNS``) takes and what :func:`finish_compile` records.
+
+    Attributes:
+        program: The program to optimize (left untouched).
+        optimizer: One of :data:`OPTIMIZERS`.
+        trainset: The examples the optimizer learns from (not empty).
+        valset: The examples it selects candidates on, or None.
+        metric: The dataset metric (``metric(example, prediction, trace=None)``), or None.
+        scoring: ``metric`` as optimizers call it (:func:`ragsuite.optimizers.feedback.optimizer_metric`).
+        dataset: The dataset name, or None.
+        teacher_lm: LM that bootstraps demos and proposes instructions, or None.
+        reflection_lm: LM GEPA reflects with (``teacher_lm`` when not given).
+        threads: Parallel evaluations inside the optimizer.
+        seed: Seed of the optimizer's random choices.
+        opts: The optimizer's options, with GEPA's default budget filled in.
+    """
+
+    program: RAGProgram
+    optimizer: str
+    trainset: list[dspy.Example]
+    valset: list[dspy.Example] | None
+    metric: Metric | None
+    scoring: Metric
+    dataset: str | None
+    teacher_lm: Any
+    reflection_lm: Any
+    threads: int
+    seed: int
+    opts: dict[str, Any]
+
+
+def compile_job(
+    program: RAGProgram,
+    trainset: Sequence[dspy.Example],
+    valset: Sequence[dspy.Example] | None = None,
+    *,
+    optimizer: str,
+    metric: Metric | None = None,
+    dataset: str | None = None,
+    teacher_lm: Any = None,
+    reflection_lm: Any = None,
+    threads: int = 4,
+    seed: int = 0,
+    opts: dict[str, Any] | None = None,
+) -> CompileJob:
+    """Check :func:`compile_program`'s arguments and derive its settings, running nothing: the default
+    metric for ``dataset``, GEPA's reflection LM and its default budget (:func:`gepa_budget`).
+
+    Raises:
+        ConfigError: not a ragsuite program, an unknown optimizer, an empty trainset, or GEPA without a
+            reflection LM.
+    """
     from ragsuite.programs.base import RAGProgram
 
     if not isinstance(program, RAGProgram):
@@ -437,113 +511,173 @@ def compile_program(
     valset = list(valset) if valset else None
     if not trainset:
         raise ConfigError("the trainset is empty")
-    knobs = program.knobs()
-    reanchored: dict[str, Any] = {}
     if metric is None and dataset:
         from ragsuite.data.metrics import metric_for
 
         metric = metric_for(dataset, metric=optimization_metric(dataset))
-    scoring = optimizer_metric(metric, dataset=dataset)
+    opts = dict(opts or {})
+    if optimizer == "gepa":
+        reflection_lm = reflection_lm or teacher_lm
+        if reflection_lm is None and "instruction_proposer" not in opts:
+            raise ConfigError("GEPA needs a reflection LM: pass reflection_lm= (or --teacher-lm)")
+        if not {"max_metric_calls", "max_full_evals", "auto"} & set(opts):
+            # Recorded with the compile: the budget is part of what was run.
+            opts["max_metric_calls"] = gepa_budget(len(trainset), len(valset or []))
+    return CompileJob(
+        program=program,
+        optimizer=optimizer,
+        trainset=trainset,
+        valset=valset,
+        metric=metric,
+        scoring=optimizer_metric(metric, dataset=dataset),
+        dataset=dataset,
+        teacher_lm=teacher_lm,
+        reflection_lm=reflection_lm,
+        threads=threads,
+        seed=seed,
+        opts=opts,
+    )
 
+
+# Each optimizer's run: (the compiled program, what its compile adds to the program file's metadata).
+Run = tuple["RAGProgram", dict[str, Any]]
+
+
+def _run_bootstrap(job: CompileJob) -> Run:
     from dspy import teleprompt as tp
 
-    if optimizer == "bootstrap":
-        init, comp = _split_options(tp.BootstrapFewShot, opts)
-        init.setdefault("max_labeled_demos", 0)
-        init.setdefault("teacher_settings", _teacher_settings(teacher_lm))
-        compiled = tp.BootstrapFewShot(metric=scoring, **init).compile(program, trainset=trainset, **comp)
-    elif optimizer == "bootstrap-rs":
-        init, comp = _split_options(tp.BootstrapFewShotWithRandomSearch, opts)
-        init.setdefault("max_labeled_demos", 0)
-        init.setdefault("teacher_settings", _teacher_settings(teacher_lm))
-        init.setdefault("num_candidate_programs", 8)
-        init.setdefault("num_threads", threads)
-        # Its candidate seeds are fixed (-3..n); shuffling the trainset with our seed varies the draws.
-        shuffled = list(trainset)
-        random.Random(seed).shuffle(shuffled)
-        compiled = tp.BootstrapFewShotWithRandomSearch(metric=scoring, **init).compile(
-            program, trainset=shuffled, valset=valset, **comp
-        )
-    elif optimizer == "mipro":
-        init, comp = _split_options(tp.MIPROv2, opts)
-        init.setdefault("max_labeled_demos", 0)
-        if "num_candidates" in init or "num_trials" in comp:
-            init.setdefault("auto", None)
-        init.setdefault("teacher_settings", _teacher_settings(teacher_lm))
-        init.setdefault("prompt_model", teacher_lm)
-        init.setdefault("num_threads", threads)
-        init.setdefault("seed", seed)
-        compiled = tp.MIPROv2(metric=scoring, **init).compile(
-            program, trainset=trainset, valset=valset, **comp
-        )
-    elif optimizer == "reanchor":
-        compiled, reanchored = _reanchor(program, trainset, valset, scoring, threads=threads, opts=opts)
-        knobs.update({knob: getattr(compiled, knob) for knob in reanchored["fitted"]})
-    elif optimizer == "gepa":
-        init, comp = _split_options(tp.GEPA, opts)
-        reflection = reflection_lm or teacher_lm
-        if reflection is None and "instruction_proposer" not in init:
-            raise ConfigError("GEPA needs a reflection LM: pass reflection_lm= (or --teacher-lm)")
-        init.setdefault("reflection_lm", reflection)
-        if not {"max_metric_calls", "max_full_evals", "auto"} & set(init):
-            init["max_metric_calls"] = gepa_budget(len(trainset), len(valset or []))
-            opts = {**opts, "max_metric_calls": init["max_metric_calls"]}  # recorded with the compile
-        init.setdefault("num_threads", threads)
-        init.setdefault("seed", seed)
-        ran = predictors_run_on(program, trainset, threads=threads)
-        skipped = [name for name, _ in program.named_predictors() if name not in ran]
-        if skipped:
-            log.warning(
-                "GEPA proposes instructions only for the %d predictor(s) that ran on the %d train examples; "
-                "%d never ran and keep their instructions: %s",
-                len(ran),
-                len(trainset),
-                len(skipped),
-                ", ".join(skipped),
-            )
-        selector = init.get("component_selector", "round_robin")
-        if isinstance(selector, str):
-            init["component_selector"] = RanPredictorSelector(ran, mode=selector)  # type: ignore[arg-type]
-        if init.get("log_dir") is not None:
-            init["log_dir"] = str(init["log_dir"])
-            _check_gepa_log_dir(
-                Path(init["log_dir"]), program, trainset, valset, seed=seed, options=init, dataset=dataset
-            )
-        gepa_metric = feedback_metric(metric, dataset=dataset)
-        compiled = tp.GEPA(metric=gepa_metric, **init).compile(
-            program, trainset=trainset, valset=valset, **comp
-        )
-    else:  # simba
-        init, comp = _split_options(tp.SIMBA, opts)
-        init.setdefault("bsize", min(32, len(trainset)))
-        init.setdefault("prompt_model", teacher_lm)
-        init.setdefault("teacher_settings", _teacher_settings(teacher_lm))
-        init.setdefault("num_threads", threads)
-        comp.setdefault("seed", seed)
-        compiled = tp.SIMBA(metric=scoring, **init).compile(program, trainset=trainset, **comp)
+    init, comp = _split_options(tp.BootstrapFewShot, job.opts)
+    init.setdefault("max_labeled_demos", 0)
+    init.setdefault("teacher_settings", _teacher_settings(job.teacher_lm))
+    optimizer = tp.BootstrapFewShot(metric=job.scoring, **init)
+    return optimizer.compile(job.program, trainset=job.trainset, **comp), {}
 
-    if type(compiled) is not type(program):
-        raise ConfigError(
-            f"the {optimizer} optimizer returned a {type(compiled).__name__}, not a {type(program).__name__}"
+
+def _run_bootstrap_rs(job: CompileJob) -> Run:
+    from dspy import teleprompt as tp
+
+    init, comp = _split_options(tp.BootstrapFewShotWithRandomSearch, job.opts)
+    init.setdefault("max_labeled_demos", 0)
+    init.setdefault("teacher_settings", _teacher_settings(job.teacher_lm))
+    init.setdefault("num_candidate_programs", 8)
+    init.setdefault("num_threads", job.threads)
+    # Its candidate seeds are fixed (-3..n); shuffling the trainset with our seed varies the draws.
+    shuffled = list(job.trainset)
+    random.Random(job.seed).shuffle(shuffled)
+    optimizer = tp.BootstrapFewShotWithRandomSearch(metric=job.scoring, **init)
+    return optimizer.compile(job.program, trainset=shuffled, valset=job.valset, **comp), {}
+
+
+def _run_mipro(job: CompileJob) -> Run:
+    from dspy import teleprompt as tp
+
+    init, comp = _split_options(tp.MIPROv2, job.opts)
+    init.setdefault("max_labeled_demos", 0)
+    if "num_candidates" in init or "num_trials" in comp:
+        init.setdefault("auto", None)
+    init.setdefault("teacher_settings", _teacher_settings(job.teacher_lm))
+    init.setdefault("prompt_model", job.teacher_lm)
+    init.setdefault("num_threads", job.threads)
+    init.setdefault("seed", job.seed)
+    optimizer = tp.MIPROv2(metric=job.scoring, **init)
+    return optimizer.compile(job.program, trainset=job.trainset, valset=job.valset, **comp), {}
+
+
+def _run_reanchor(job: CompileJob) -> Run:
+    return _reanchor(job.program, job.trainset, job.valset, job.scoring, threads=job.threads, opts=job.opts)
+
+
+def _run_gepa(job: CompileJob) -> Run:
+    from dspy import teleprompt as tp
+
+    init, comp = _split_options(tp.GEPA, job.opts)
+    init.setdefault("reflection_lm", job.reflection_lm)
+    init.setdefault("num_threads", job.threads)
+    init.setdefault("seed", job.seed)
+    program, trainset = job.program, job.trainset
+    ran = predictors_run_on(program, trainset, threads=job.threads)
+    skipped = [name for name, _ in program.named_predictors() if name not in ran]
+    if skipped:
+        log.warning(
+            "GEPA proposes instructions only for the %d predictor(s) that ran on the %d train examples; "
+            "%d never ran and keep their instructions: %s",
+            len(ran),
+            len(trainset),
+            len(skipped),
+            ", ".join(skipped),
         )
+    selector = init.get("component_selector", "round_robin")
+    if isinstance(selector, str):
+        init["component_selector"] = RanPredictorSelector(ran, mode=selector)  # type: ignore[arg-type]
+    if init.get("log_dir") is not None:
+        init["log_dir"] = str(init["log_dir"])
+        _check_gepa_log_dir(
+            Path(init["log_dir"]),
+            program,
+            trainset,
+            job.valset,
+            seed=job.seed,
+            options=init,
+            dataset=job.dataset,
+        )
+    optimizer = tp.GEPA(metric=feedback_metric(job.metric, dataset=job.dataset), **init)
+    return optimizer.compile(program, trainset=trainset, valset=job.valset, **comp), {}
+
+
+def _run_simba(job: CompileJob) -> Run:
+    from dspy import teleprompt as tp
+
+    init, comp = _split_options(tp.SIMBA, job.opts)
+    init.setdefault("bsize", min(32, len(job.trainset)))
+    init.setdefault("prompt_model", job.teacher_lm)
+    init.setdefault("teacher_settings", _teacher_settings(job.teacher_lm))
+    init.setdefault("num_threads", job.threads)
+    comp.setdefault("seed", job.seed)
+    optimizer = tp.SIMBA(metric=job.scoring, **init)
+    return optimizer.compile(job.program, trainset=job.trainset, **comp), {}
+
+
+_RUNS: dict[str, Callable[[CompileJob], Run]] = {
+    "bootstrap": _run_bootstrap,
+    "bootstrap-rs": _run_bootstrap_rs,
+    "mipro": _run_mipro,
+    "gepa": _run_gepa,
+    "simba": _run_simba,
+    "reanchor": _run_reanchor,
+}
+
+
+def finish_compile(
+    job: CompileJob, compiled: RAGProgram, *, knobs: dict[str, Any], recorded: dict[str, Any]
+) -> RAGProgram:
+    """The compiled program as :func:`compile_program` returns it: of the program's class, with ``knobs``
+    (and the knobs ``recorded["fitted"]`` names, from ReAnchor), the program's retriever, and an
+    ``optimization`` dict (saved as the file's metadata) naming the optimizer, the split sizes, the seed, the
+    plain options and ``recorded``.
+
+    Raises:
+        ConfigError: the optimizer returned a program of another class.
+    """
+    program = job.program
+    if type(compiled) is not type(program):
+        got, wanted = type(compiled).__name__, type(program).__name__
+        raise ConfigError(f"the {job.optimizer} optimizer returned a {got}, not a {wanted}")
+    knobs = {**knobs, **{knob: getattr(compiled, knob) for knob in recorded.get("fitted", {})}}
     if compiled.knobs() != knobs:
         # Optimizers copy the program, so this only happens if one rebuilt it; restore the caller's knobs.
         for name, value in knobs.items():
             setattr(compiled, name, value)
     compiled.retriever = program.retriever
+    plain = (str, int, float, bool, type(None))
     compiled.optimization = {
         **dict(getattr(program, "optimization", None) or {}),
-        **(reanchored if optimizer == "reanchor" else {}),
-        "optimizer": optimizer,
-        "trainset_size": len(trainset),
-        "valset_size": len(valset) if valset else 0,
-        "seed": seed,
-        "options": {
-            k: v
-            for k, v in opts.items()
-            if isinstance(v, (str, int, float, bool, type(None))) and k != "log_dir"
-        },
+        **recorded,
+        "optimizer": job.optimizer,
+        "trainset_size": len(job.trainset),
+        "valset_size": len(job.valset) if job.valset else 0,
+        "seed": job.seed,
+        "options": {k: v for k, v in job.opts.items() if isinstance(v, plain) and k != "log_dir"},
     }
     demos = sum(len(p.demos) for _, p in compiled.named_predictors())
-    log.info("compiled %s with %s: %d demos in total", program.name, optimizer, demos)
+    log.info("compiled %s with %s: %d demos in total", program.name, job.optimizer, demos)
     return compiled
