@@ -15,6 +15,12 @@ run once over the train slice (the others keep their instructions; they are list
 state in OUT's folder as OUT_STEM.gepa/ (``--option log_dir=DIR`` moves it): after a kill, the same command
 resumes; one with another program, knobs, slices, seed, options or LM model is refused.
 
+A stopped compile resumes: every LM reply is recorded as it arrives in OUT's folder as OUT_STEM.lm-cache/
+(keyed by request and endpoint; the local LM by its model file's sha256 and engine), and the same command
+run again replays the finished calls from there and sends only the rest (the optimizers are seeded, so the
+replay takes the same path). A compile with another program, knobs, optimizer, options, slices, seed or LM is
+refused there. With --no-cache nothing is recorded or replayed, and a stopped compile starts over.
+
 Example:
     ragsuite compile --program vanilla --dataset hotpotqa --optimizer mipro --lm openai/gpt-4o-mini \\
         --train 20 --val 30 --out vanilla-mipro.json
@@ -109,6 +115,11 @@ def gepa_log_dir(out: Path) -> Path:
     return out.with_name(f"{out.stem}.gepa")
 
 
+def lm_cache_dir(out: Path) -> Path:
+    """Where ``compile --out OUT`` records its LM replies: ``OUT_STEM.lm-cache/`` beside the program file."""
+    return out.with_name(f"{out.stem}.lm-cache")
+
+
 def gepa_options(
     args: argparse.Namespace, options: dict[str, Any], *, train: int, val: int
 ) -> dict[str, Any]:
@@ -181,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
             if options.get("log_dir"):
                 tags["ragsuite.gepa_log_dir"] = str(Path(options["log_dir"]).resolve())
             tracking.set_tags(tags)
-        with dspy.context(lm=main_lm):
+        description = _run_description(args, program, lm_public, options, metadata)
+        with _recording(args, description), dspy.context(lm=main_lm):
             if not args.no_eval and valset:
                 metrics["baseline"] = _score(
                     program, valset, args, metric=metric, label="the program before compiling"
@@ -232,9 +244,53 @@ def run(args: argparse.Namespace) -> int:
             failed = f", {scored['errors']} failed (scored 0)" if scored["errors"] else ""
             print(f"  {label:9s} {metric} on {len(valset)} val examples: {100 * scored['score']:.1f}{failed}")
     print(f"program file: {path}")
+    if not args.no_cache:
+        print(f"LM calls: {lm_cache_dir(args.out)} (the same command replays them; delete it to start over)")
     if options.get("log_dir"):
         print(f"GEPA log: {options['log_dir']} (the same command resumes from it)")
     return 0
+
+
+def _recording(args: argparse.Namespace, description: dict[str, Any]) -> Any:
+    """Record the compile's LM replies beside the program file, so a stopped compile resumes; nothing is
+    recorded or replayed with ``--no-cache`` (its LMs bypass every cache)."""
+    import contextlib
+
+    from ragsuite.optimizers.run_cache import recording_lm_calls
+
+    if args.no_cache:
+        log.warning("--no-cache: the LM calls are not recorded, so a stopped compile starts over")
+        return contextlib.nullcontext()
+    return recording_lm_calls(lm_cache_dir(args.out), description=description, label="compile")
+
+
+def _run_description(
+    args: argparse.Namespace,
+    program: Any,
+    lm_public: dict[str, Any],
+    options: dict[str, Any],
+    metadata: dict[str, Any],
+) -> dict[str, Any]:
+    """What a compile's recorded LM replies belong to: a rerun with anything else must not replay them.
+
+    LMs appear as the manifest records them (model, endpoint without credentials; the local LM by its
+    file's sha256 and engine), never with a key. Threads are left out: they change no request.
+    """
+    from ragsuite.lm import redact
+
+    return {
+        "command": "compile",
+        "program": args.program,
+        "stage": list(getattr(args, "stage", None) or []),
+        "knobs": program.knobs(),
+        "optimizer": args.optimizer,
+        "options": {k: v for k, v in options.items() if k != "log_dir"},
+        "seed": args.seed,
+        "retriever": args.retriever,
+        "lm": lm_public,
+        "teacher_lm": redact(args.teacher_lm) if args.teacher_lm else None,
+        **{k: v for k, v in metadata.items() if k not in ("metrics", "lm", "teacher_lm")},
+    }
 
 
 def _run_params(
