@@ -157,6 +157,7 @@ def fusion_dataset(
     dense_model: str | None,
     trials: int,
     seed: int,
+    repeats: int = 1,
 ) -> tuple[dict, dict]:
     """One dataset's record (every column's recall and ms per query, the tuned weights) and what fitting
     the defaults needs (the members' deep lists and the gold ids, per half)."""
@@ -179,15 +180,21 @@ def fusion_dataset(
     retrievers.update({m: HybridRetriever([bm25, dense], mode=m) for m in HYBRID_MODES})
     record: dict = {"dataset": name, "passages": len(corpus), "questions": len(examples), "columns": {}}
     record["fit_questions"], record["held_out_questions"] = sum(fit), sum(held)
-    for label, retriever in retrievers.items():
+    ranked: dict[str, list[list[str]]] = {}
+    times: dict[str, list[float]] = {label: [] for label in retrievers}
+    for retriever in retrievers.values():
         retriever.batch(questions[:8], K)  # warm-up
-        start = time.perf_counter()
-        ranked = [[p.id for p in ps] for ps in retriever.batch(questions, K)]
-        ms = 1000 * (time.perf_counter() - start) / len(questions)
+    # Rounds interleave the columns, so that load from other processes hits every column alike.
+    for _ in range(max(1, repeats)):
+        for label, retriever in retrievers.items():
+            start = time.perf_counter()
+            ranked[label] = [[p.id for p in ps] for ps in retriever.batch(questions, K)]
+            times[label].append(1000 * (time.perf_counter() - start) / len(questions))
+    for label, retriever in retrievers.items():
         record["columns"][label] = {
-            **_recalls(ranked, golds),
-            "held_out": _recalls(_pick(ranked, held), _pick(golds, held)),
-            "ms_per_query": ms,
+            **_recalls(ranked[label], golds),
+            "held_out": _recalls(_pick(ranked[label], held), _pick(golds, held)),
+            "ms_per_query": statistics.median(times[label]),
             "spec": retriever.describe()["spec"],
         }
     lists = member_lists(retrievers["rrf"], questions, depth=FusionSearch(retrievers["rrf"]).max_depth)
@@ -288,8 +295,8 @@ def fusion_markdown(run: dict) -> str:
         )
     lines += [
         "",
-        "Milliseconds per query, one batch of every question (members queried concurrently; a tuned fusion "
-        "does the same work as its default):",
+        "Milliseconds per query, one batch of every question, the median of the run's rounds (members "
+        "queried concurrently; a tuned fusion does the same work as its default):",
         "",
         "| dataset | BM25 | dense | interleave | RRF | linear |",
         "|---|---:|---:|---:|---:|---:|",
@@ -351,6 +358,7 @@ def fusion_run(
     dense_model: str | None = None,
     trials: int,
     seed: int,
+    repeats: int = 1,
 ) -> dict:
     """Every dataset's record, and the default weights fitted over all of them."""
     records, fits = [], []
@@ -364,6 +372,7 @@ def fusion_run(
             dense_model=dense_model,
             trials=trials,
             seed=seed,
+            repeats=repeats,
         )
         records.append(record)
         fits.append(fit)
@@ -375,6 +384,7 @@ def fusion_run(
         "library_defaults": {"weights": DEFAULT_WEIGHTS, "rrf_k": DEFAULT_RRF_K},
         "trials": trials,
         "seed": seed,
+        "repeats": repeats,
     }
 
 
@@ -493,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     dense_model=args.dense_model,
                     trials=args.trials,
                     seed=args.seed,
+                    repeats=args.repeats,
                 )
             if args.records:
                 Path(args.records).parent.mkdir(parents=True, exist_ok=True)

@@ -137,6 +137,8 @@ def test_fusion_benchmark_writes_records_and_the_docs_tables(encoder_dir, tmp_pa
         str(tmp_path / "bm25"),
         "--trials",
         "4",
+        "--repeats",
+        "2",
     ]
     assert bench.main([*argv, "--records", str(records), "--docs", str(page)]) == 0
     printed = capsys.readouterr().out
