@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,7 @@ from ragsuite.data.datasets import load_dataset
 from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 from ragsuite.testing.scripted import ScriptedRequest
+from tests.vllm_fakes import write_fake_vllm
 
 _OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)
 
@@ -216,47 +216,6 @@ def test_clear_errors_for_unreachable_server_unknown_model_key_and_knob(tmp_path
 
 
 # ------------------------------------------------------------------------------------------ serve
-FAKE_VLLM = textwrap.dedent(
-    """\
-    #!{python}
-    import json, signal, sys
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    args = sys.argv[1:]
-    if {fail}:
-        print("fake vllm: CUDA not available", file=sys.stderr)
-        sys.exit(3)
-    assert args[0] == "serve", args
-    model = args[1]
-    port = int(args[args.index("--port") + 1])
-    name = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else model
-    with open({log!r}, "w") as f:
-        json.dump(args, f)
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-        def do_GET(self):
-            body = json.dumps({{"data": [{{"id": name}}]}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-    def bye(*_):
-        sys.exit(0)
-    signal.signal(signal.SIGINT, bye)
-    signal.signal(signal.SIGTERM, bye)
-    HTTPServer(("127.0.0.1", port), H).serve_forever()
-    """
-)
-
-
-def write_fake_vllm(tmp_path: Path, *, fail: bool = False) -> tuple[Path, Path]:
-    log = tmp_path / "vllm-args.json"
-    script = tmp_path / "vllm"
-    script.write_text(FAKE_VLLM.format(python=sys.executable, fail=fail, log=str(log)))
-    script.chmod(0o755)
-    return script, log
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -264,7 +223,7 @@ def free_port() -> int:
 
 
 def test_serve_launches_waits_prints_flags_and_stops_on_ctrl_c(tmp_path):
-    _, log = write_fake_vllm(tmp_path)
+    _, logs = write_fake_vllm(tmp_path)
     port = free_port()
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
     process = subprocess.Popen(
@@ -292,7 +251,7 @@ def test_serve_launches_waits_prints_flags_and_stops_on_ctrl_c(tmp_path):
         lines = [process.stdout.readline() for _ in range(2)]
         assert lines[0].startswith("vLLM is serving org/Model-7B at http://127.0.0.1:")
         assert lines[1].strip() == f"use: --lm openai/org/Model-7B --api-base http://127.0.0.1:{port}/v1"
-        args = json.loads(log.read_text())
+        args = json.loads((logs / f"{port}.json").read_text())["args"]
         assert args[:2] == ["serve", "org/Model-7B"]
         assert args[args.index("--tensor-parallel-size") + 1] == "2" and args[-2:] == [
             "--max-model-len",

@@ -25,6 +25,7 @@ from ragsuite.local_lm.server import LocalServer, free_port
 from ragsuite.network import listen_address
 from ragsuite.processes import stop_process
 from tests.local_lm_fakes import fake_llama_server, tiny_model
+from tests.vllm_fakes import write_fake_vllm
 
 EVIL = "https://evil.example"
 
@@ -112,36 +113,6 @@ def test_serve_local_with_host_0_listens_on_loopback_only(tmp_path: Path, cache:
         stop_process(process)
 
 
-FAKE_VLLM = """#!{python}
-import json, os, sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-args = sys.argv[1:]
-port = int(args[args.index("--port") + 1])
-with open({log!r}, "w") as f:
-    json.dump({{"args": args, "key": os.environ.get("VLLM_API_KEY")}}, f)
-class H(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def do_GET(self):
-        body = json.dumps({{"data": [{{"id": args[1]}}]}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-HTTPServer(("127.0.0.1", port), H).serve_forever()
-"""
-
-
-def write_fake_vllm(folder: Path) -> tuple[Path, Path]:
-    """A stand-in ``vllm`` that records its arguments and the key in its environment, then serves its model
-    on 127.0.0.1 (whatever ``--host`` says)."""
-    log = folder / "vllm.json"
-    script = folder / "vllm"
-    script.write_text(FAKE_VLLM.format(python=sys.executable, log=str(log)))
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return script, log
-
-
 def serve_vllm(script: Path, port: int, *flags: str) -> tuple[str, str]:
     """Run ``ragsuite serve --model org/M`` until it prints its flags, then stop it: (stdout, stderr)."""
     command = [sys.executable, "-m", "ragsuite", "serve", "--model", "org/M", "--vllm", str(script),
@@ -162,14 +133,16 @@ def serve_vllm(script: Path, port: int, *flags: str) -> tuple[str, str]:
 def test_vllm_with_host_0_listens_on_loopback_and_with_allow_remote_requires_a_printed_key(
     tmp_path: Path,
 ) -> None:
-    script, log = write_fake_vllm(tmp_path)
-    out, err = serve_vllm(script, free_port(), "--host", "0")
-    recorded = json.loads(log.read_text())
+    script, logs = write_fake_vllm(tmp_path)
+    port = free_port()
+    out, err = serve_vllm(script, port, "--host", "0")
+    recorded = json.loads((logs / f"{port}.json").read_text())
     assert recorded["args"][recorded["args"].index("--host") + 1] == "127.0.0.1"
     assert recorded["key"] is None and "every interface" in err
 
-    out, _ = serve_vllm(script, free_port(), "--host", "0", "--allow-remote")
-    recorded = json.loads(log.read_text())
+    port = free_port()
+    out, _ = serve_vllm(script, port, "--host", "0", "--allow-remote")
+    recorded = json.loads((logs / f"{port}.json").read_text())
     assert recorded["args"][recorded["args"].index("--host") + 1] == "0.0.0.0"
     key = recorded["key"]
     assert key and len(key) >= 32

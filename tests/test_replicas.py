@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from ragsuite.lm import build_lm, parse_lm_spec
 from ragsuite.lm_replicas import ReplicaLM
 from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
+from tests.vllm_fakes import write_fake_vllm
 
 
 def free_port() -> int:
@@ -228,33 +228,6 @@ def test_eval_refuses_a_replica_that_is_down_at_the_start(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------- serve --replicas
-FAKE_VLLM = textwrap.dedent(
-    """\
-    #!{python}
-    import json, os, signal, sys
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    args = sys.argv[1:]
-    port = int(args[args.index("--port") + 1])
-    if port == {fail_port}:
-        sys.exit(5)
-    with open(os.path.join({logs!r}, f"{{port}}.json"), "w") as f:
-        json.dump({{"args": args, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}}, f)
-    class H(BaseHTTPRequestHandler):
-        def log_message(self, *a):
-            pass
-        def do_GET(self):
-            body = json.dumps({{"data": [{{"id": args[1]}}]}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    HTTPServer(("127.0.0.1", port), H).serve_forever()
-    """
-)
-
-
 def free_ports(count: int) -> int:
     """A base port with ``count`` free ports after it."""
     for _ in range(50):
@@ -272,17 +245,8 @@ def free_ports(count: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
-def fake_vllm(tmp_path: Path, *, fail_port: int = 0) -> Path:
-    logs = tmp_path / "logs"
-    logs.mkdir(exist_ok=True)
-    script = tmp_path / "vllm"
-    script.write_text(FAKE_VLLM.format(python=sys.executable, logs=str(logs), fail_port=fail_port))
-    script.chmod(0o755)
-    return script
-
-
 def test_serve_replicas_one_per_gpu_group_and_prints_the_flags(tmp_path):
-    script = fake_vllm(tmp_path)
+    script, logs = write_fake_vllm(tmp_path)
     port = free_ports(2)
     argv = [sys.executable, "-m", "ragsuite", "serve", "--model", "org/M", "--port", str(port)]
     argv += ["--replicas", "2", "--tensor-parallel-size", "2", "--vllm", str(script)]
@@ -294,9 +258,9 @@ def test_serve_replicas_one_per_gpu_group_and_prints_the_flags(tmp_path):
         assert lines[0].startswith(f"vLLM is serving org/M on 2 replicas at {bases[0]}, {bases[1]}"), lines
         assert lines[1].strip() == f"use: --lm openai/org/M --api-base {bases[0]} --api-base {bases[1]}"
         assert lines[2].strip() == f"or: --lm vllm:org/M@{bases[0]},{bases[1]}"
-        logs = [json.loads((tmp_path / "logs" / f"{port + i}.json").read_text()) for i in range(2)]
-        assert [log["gpus"] for log in logs] == ["4,5", "6,7"]
-        assert all(log["args"][log["args"].index("--tensor-parallel-size") + 1] == "2" for log in logs)
+        records = [json.loads((logs / f"{port + i}.json").read_text()) for i in range(2)]
+        assert [record["gpus"] for record in records] == ["4,5", "6,7"]
+        assert all(r["args"][r["args"].index("--tensor-parallel-size") + 1] == "2" for r in records)
         # The printed flags work: the replicas answer as one LM's servers.
         spec = parse_lm_spec("openai/org/M", api_base=bases)
         from ragsuite.lm import check_endpoint
@@ -313,7 +277,7 @@ def test_serve_replicas_one_per_gpu_group_and_prints_the_flags(tmp_path):
 
 def test_serve_replicas_stops_all_when_one_fails_to_start(tmp_path, capsys):
     port = free_ports(3)
-    script = fake_vllm(tmp_path, fail_port=port + 1)
+    script, _ = write_fake_vllm(tmp_path, fail_port=port + 1)
     code = main(["serve", "--model", "m", "--port", str(port), "--replicas", "3", "--vllm", str(script)])
     assert code == 2
     assert "replica 1 (GPU 1, http://127.0.0.1:" in capsys.readouterr().err
@@ -323,7 +287,7 @@ def test_serve_replicas_stops_all_when_one_fails_to_start(tmp_path, capsys):
 
 
 def test_serve_replicas_errors(capsys, monkeypatch, tmp_path):
-    script = fake_vllm(tmp_path)
+    script, _ = write_fake_vllm(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert main(["serve", "--model", "m", "--replicas", "3", "--vllm", str(script)]) == 2
     assert "needs 3 GPUs, but CUDA_VISIBLE_DEVICES lists 2" in capsys.readouterr().err
