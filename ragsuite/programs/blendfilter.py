@@ -42,16 +42,9 @@ from ragsuite.aio import concurrently, invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import DecisionKnob, RAGProgram, register
-from ragsuite.programs.pipeline import (
-    DecisionMode,
-    aretrieve_recorded,
-    arun_answer,
-    check_decisions,
-    check_int,
-    check_threshold,
-    merge_passages,
-)
-from ragsuite.programs.stages import BlendStage, FilterMode, FilterStage
+from ragsuite.programs.knobs import Floats, Ints, Knobs, OneOf, choice, integer, probability
+from ragsuite.programs.pipeline import DECISION_MODES, aretrieve_recorded, arun_answer, merge_passages
+from ragsuite.programs.stages import FILTER_MODES, BlendStage, FilterStage
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 
@@ -68,15 +61,9 @@ class BlendFilter(RAGProgram):
     Args:
         retriever: Passage retriever (the paper used ColBERTv2 over 2017 Wikipedia abstracts).
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages retrieved per query (the paper's K = 5).
-        blend: Which augmented queries join the question's: ``"both"`` (the paper), ``"external"``,
-            ``"internal"`` or ``"none"`` (the paper's ablations; ``"none"`` is filtered vanilla RAG).
-        filter_mode: ``"batch"`` (one filtering call per retrieved set, as the paper prompts) or
-            ``"per_passage"`` (one call per passage).
-        decisions: ``"generate"`` (the filter says which passages are relevant) or ``"probability"``
-            (per-passage filter only: it states the probability that a passage is relevant).
-        filter_threshold: In ``probability`` mode a passage is kept when its probability is >= this (0.5: the
-            LM's own verdict); refused with the batch filter, which cannot use it.
+        **knobs: Any of :attr:`KNOBS` by name (``top_k=5``), each declared there once with its default,
+            values and meaning. ``decisions="probability"`` and ``filter_threshold`` need
+            ``filter_mode="per_passage"``: the batch filter states no per-passage probability.
 
     Steps: 2 when the external query is used (its chain of thought is a generation over a first retrieval,
     the paper's "two-hop" remark), else 1. Retrievals: 1 + the number of blended queries.
@@ -90,35 +77,50 @@ class BlendFilter(RAGProgram):
     """
 
     name: ClassVar[str] = "blendfilter"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "blend", "filter_mode", "decisions", "filter_threshold")
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer("top_k", 5, minimum=1, search=Ints(3, 10), help="passages per query (the paper's K = 5)"),
+        choice(
+            "blend",
+            "both",
+            BLEND_CHOICES,
+            search=OneOf(BLEND_CHOICES),
+            help="which augmented queries join the question's: `both` (the paper), `external`, `internal` or "
+            "`none` (the paper's ablations; `none` is filtered vanilla RAG)",
+        ),
+        choice(
+            "filter_mode",
+            "batch",
+            FILTER_MODES,
+            search=OneOf(("batch", "per_passage")),
+            help="`batch` (the paper filters a set in one prompt) or `per_passage` (one call per passage)",
+        ),
+        choice(
+            "decisions",
+            "generate",
+            DECISION_MODES,
+            # The batch filter lists passages; only the per-passage one can state probabilities.
+            search=OneOf(DECISION_MODES, when={"filter_mode": "per_passage"}),
+            help="`generate` (the filter says which passages are relevant) or `probability` (per-passage "
+            "filter only: it states the probability that a passage is relevant)",
+        ),
+        probability(
+            "filter_threshold",
+            0.5,
+            search=Floats(0.05, 0.95, when={"filter_mode": "per_passage", "decisions": "probability"}),
+            help="relevance threshold in `probability` mode: a passage is kept at or above it (0.5: the LM's "
+            "own verdict)",
+        ),
+    )
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 5,
-        blend: BlendChoice = "both",
-        filter_mode: FilterMode = "batch",
-        decisions: DecisionMode = "generate",
-        filter_threshold: float = 0.5,
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        if blend not in BLEND_CHOICES:
-            raise ConfigError(f"blend must be one of {', '.join(BLEND_CHOICES)}, not {blend!r}")
-        if filter_mode not in ("per_passage", "batch"):
-            raise ConfigError(f"filter_mode must be 'per_passage' or 'batch', not {filter_mode!r}")
-        self.decisions = check_decisions(decisions)
-        self.filter_threshold = check_threshold("filter_threshold", filter_threshold)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
+        blend, filter_mode = self.blend, self.filter_mode
         if filter_mode == "batch" and (self.decisions == "probability" or self.filter_threshold != 0.5):
             raise ConfigError(
                 "the batch filter lists the relevant passages and states no per-passage probability, so it "
                 f"cannot use decisions={self.decisions!r} / filter_threshold={self.filter_threshold}: "
                 "set filter_mode=per_passage for a probability-backed filter"
             )
-        self.blend: BlendChoice = blend
-        self.filter_mode: FilterMode = filter_mode
         # One stage per variant, so each has its own stage name (blend_external / blend_internal).
         self.blend_external = BlendStage(which="external") if blend in ("both", "external") else None
         self.blend_internal = BlendStage(which="internal") if blend in ("both", "internal") else None
@@ -128,20 +130,6 @@ class BlendFilter(RAGProgram):
             else FilterStage(mode=filter_mode)
         )
         self.answer = dspy.Predict(answer_signature(task, "passages"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        """BlendFilter's knobs; the filter's decisions and threshold only where the filter can use them."""
-        knobs = {
-            "top_k": trial.suggest_int("top_k", 3, 10),
-            "blend": trial.suggest_categorical("blend", list(BLEND_CHOICES)),
-            "filter_mode": trial.suggest_categorical("filter_mode", ["batch", "per_passage"]),
-        }
-        if knobs["filter_mode"] == "per_passage":
-            knobs["decisions"] = trial.suggest_categorical("decisions", ["generate", "probability"])
-            if knobs["decisions"] == "probability":
-                knobs["filter_threshold"] = trial.suggest_float("filter_threshold", 0.05, 0.95)
-        return knobs
 
     def decision_knobs(self) -> dict[str, DecisionKnob]:
         if self.decisions != "probability":

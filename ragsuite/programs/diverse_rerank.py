@@ -53,7 +53,8 @@ from ragsuite.aio import concurrently, in_thread
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
-from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
+from ragsuite.programs.knobs import Floats, Ints, Knobs, choice, integer, number
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer
 from ragsuite.programs.stages import join_query
 from ragsuite.retrieval.adapt import as_retriever
 from ragsuite.retrieval.base import Passage, Reranker, Retriever
@@ -99,16 +100,9 @@ class DiverseRerank(RAGProgram):
         second_retriever: Optional second retriever (the paper's dense side); its results are interleaved
             with the primary's. With one retriever, its ranking is the pool.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        pool_k: Passages retrieved per retriever for the pool.
-        declare_top: Top passages of the initial ranking read by KnowledgeDeclare (the paper's best: 5;
-            0 summarizes without reading any, the paper's weaker variant).
-        n: Passages given to the answer stage (the paper's best: 10).
-        rerank_by: ``"model"``, ``"lm"`` or ``"retriever"`` (see the module docstring); ``"auto"`` picks
-            ``"model"`` when a ``reranker`` is given, else ``"retriever"``.
         reranker: The scoring model for ``rerank_by="model"`` (e.g. a cross-encoder or a ``ColBERTv2Index``).
-        score_threshold: With ``rerank_by="lm"``, candidates scored below it (0-10) leave each ranking,
-            the best-scored one excepted; 0 keeps all. Other rerankers' scores have no fixed scale, so it
-            does not apply to them.
+        **knobs: Any of :attr:`KNOBS` by name (``pool_k=50``), each declared there once with its default,
+            values and meaning.
 
     Example:
         >>> from ragsuite import programs
@@ -117,12 +111,34 @@ class DiverseRerank(RAGProgram):
     """
 
     name: ClassVar[str] = "diverse-rerank"
-    KNOBS: ClassVar[tuple[str, ...]] = (
-        "pool_k",
-        "declare_top",
-        "n",
-        "rerank_by",
-        "score_threshold",
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer(
+            "pool_k", 50, minimum=1, search=Ints(20, 100, step=10), help="passages per retriever in the pool"
+        ),
+        integer(
+            "declare_top",
+            5,
+            minimum=0,
+            search=Ints(0, 8),
+            help="top passages read by KnowledgeDeclare (paper's best; 0 = summarize unread)",
+        ),
+        integer("n", 10, minimum=1, search=Ints(3, 15), help="passages given to the answer (paper's best)"),
+        choice(
+            "rerank_by",
+            "auto",
+            ("auto", "model", "lm", "retriever"),
+            help="`model` (needs `reranker=`), `lm` or `retriever`; `auto` = `model` when a reranker is "
+            "given, else `retriever`",
+        ),
+        number(
+            "score_threshold",
+            0.0,
+            minimum=0.0,
+            maximum=10.0,
+            search=Floats(0.0, 10.0),
+            help='`rerank_by="lm"` only: drop candidates scored below it (0-10), except the best; other '
+            "rerankers' scores have no fixed scale",
+        ),
     )
 
     def __init__(
@@ -131,27 +147,12 @@ class DiverseRerank(RAGProgram):
         retriever: Retriever | None = None,
         second_retriever: Retriever | None = None,
         task: Task = "short",
-        pool_k: int = 50,
-        declare_top: int = 5,
-        n: int = 10,
-        rerank_by: RerankBy = "auto",
         reranker: Reranker | None = None,
-        score_threshold: float = 0.0,
+        **knobs: Any,
     ) -> None:
-        super().__init__(retriever=retriever, task=task)
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.second_retriever = as_retriever(second_retriever)
-        self.pool_k = check_int("pool_k", pool_k, minimum=1)
-        self.declare_top = check_int("declare_top", declare_top, minimum=0)
-        self.n = check_int("n", n, minimum=1)
-        if (
-            isinstance(score_threshold, bool)
-            or not isinstance(score_threshold, (int, float))
-            or not 0.0 <= float(score_threshold) <= 10.0
-        ):
-            raise ConfigError(f"score_threshold must be a number from 0 to 10, not {score_threshold!r}")
-        self.score_threshold = float(score_threshold)
-        if rerank_by not in ("auto", "model", "lm", "retriever"):
-            raise ConfigError(f"rerank_by must be 'auto', 'model', 'lm' or 'retriever', not {rerank_by!r}")
+        rerank_by = self.rerank_by
         if rerank_by == "auto":
             rerank_by = "model" if reranker is not None else "retriever"
         if rerank_by == "model" and not callable(getattr(reranker, "score", None)):
@@ -168,15 +169,6 @@ class DiverseRerank(RAGProgram):
         self.knowledge_summarize = dspy.Predict(KnowledgeSummarize)
         self.rerank = dspy.Predict(RelevanceScore) if rerank_by == "lm" else None
         self.answer = dspy.Predict(answer_signature(task, "passages"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
-            "pool_k": trial.suggest_int("pool_k", 20, 100, step=10),
-            "declare_top": trial.suggest_int("declare_top", 0, 8),
-            "n": trial.suggest_int("n", 3, 15),
-            "score_threshold": trial.suggest_float("score_threshold", 0.0, 10.0),
-        }
 
     # ------------------------------------------------------------------ stages
     async def aforward(self, question: str) -> dspy.Prediction:

@@ -63,13 +63,8 @@ from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
 from ragsuite.programs.ircot import ANSWER_IS, first_sentence
-from ragsuite.programs.pipeline import (
-    aretrieve_recorded,
-    arun_answer,
-    check_int,
-    check_threshold,
-    merge_passages,
-)
+from ragsuite.programs.knobs import Floats, Ints, Knobs, integer, probability
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, merge_passages
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.reasoning import LookAhead, NextSentence
@@ -85,8 +80,7 @@ class FlareInstruct(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages per retrieval (ours: 3).
-        max_steps: Most sentences (ours: 5).
+        **knobs: Any of :attr:`KNOBS` by name (``max_steps=5``).
 
     Example:
         >>> from ragsuite import programs
@@ -95,20 +89,15 @@ class FlareInstruct(RAGProgram):
     """
 
     name: ClassVar[str] = "flare-instruct"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_steps")
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer("top_k", 3, minimum=1, search=Ints(1, 7), help="passages per retrieval (ours: 3)"),
+        integer("max_steps", 5, minimum=1, search=Ints(2, 8), help="most sentences (ours: 5)"),
+    )
 
-    def __init__(
-        self, *, retriever: Retriever | None = None, task: Task = "short", top_k: int = 3, max_steps: int = 5
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.max_steps = check_int("max_steps", max_steps, minimum=1)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.look_ahead = dspy.Predict(LookAhead)
         self.answer = dspy.Predict(answer_signature(task, "note"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {"top_k": trial.suggest_int("top_k", 1, 7), "max_steps": trial.suggest_int("max_steps", 2, 8)}
 
     async def _sentence(
         self, ledger: Any, question: str, passages: list[Any], sentences: list[str]
@@ -242,10 +231,7 @@ class FlareDirect(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages per retrieval (the authors' 2WikiMultihopQA setting: 2).
-        max_steps: Most sentences (ours: 5).
-        theta: Retrieve when any token of the look-ahead sentence has probability at most this (0.8).
-        beta: Mask the tokens of probability at most this out of the query (0.4).
+        **knobs: Any of :attr:`KNOBS` by name (``theta=0.8``).
 
     Example:
         >>> from ragsuite import programs
@@ -255,34 +241,27 @@ class FlareDirect(RAGProgram):
 
     name: ClassVar[str] = "flare-direct"
     NEEDS_LOGPROBS: ClassVar[bool] = True
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_steps", "theta", "beta")
+    KNOBS: ClassVar[Knobs] = FlareInstruct.KNOBS.override(top_k=2).replace(
+        "top_k", help="passages per retrieval (the authors' 2WikiMultihopQA setting: 2)"
+    ) + Knobs(
+        probability(
+            "theta",
+            0.8,
+            search=Floats(0.1, 0.99),
+            help="retrieve when any token of the look-ahead sentence has probability at most this",
+        ),
+        probability(
+            "beta",
+            0.4,
+            search=Floats(0.0, 0.9),
+            help="mask the tokens of probability at most this out of the query",
+        ),
+    )
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 2,
-        max_steps: int = 5,
-        theta: float = 0.8,
-        beta: float = 0.4,
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.max_steps = check_int("max_steps", max_steps, minimum=1)
-        self.theta = check_threshold("theta", theta)
-        self.beta = check_threshold("beta", beta)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.look_ahead = dspy.Predict(NextSentence)
         self.answer = dspy.Predict(answer_signature(task, "note"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
-            "top_k": trial.suggest_int("top_k", 1, 7),
-            "max_steps": trial.suggest_int("max_steps", 2, 8),
-            "theta": trial.suggest_float("theta", 0.1, 0.99),
-            "beta": trial.suggest_float("beta", 0.0, 0.9),
-        }
 
     async def _sentence(
         self, ledger: Any, question: str, passages: list[Passage], sentences: list[str], *, scored: bool

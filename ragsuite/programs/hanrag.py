@@ -33,14 +33,11 @@ from ragsuite.aio import concurrently, invoke
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import DecisionKnob, RAGProgram, RunLedger, register
+from ragsuite.programs.knobs import Floats, Ints, Knobs, OneOf, choice, integer, number, probability
 from ragsuite.programs.pipeline import (
     ANSWER_FALLBACK,
-    DecisionMode,
+    DECISION_MODES,
     aretrieve_recorded,
-    check_decisions,
-    check_int,
-    check_threshold,
-    check_weight,
     choice_predictor,
     choice_value,
     decision_predictor,
@@ -48,7 +45,7 @@ from ragsuite.programs.pipeline import (
     merge_passages,
     salvage_yes_no,
 )
-from ragsuite.programs.stages import FilterMode, FilterStage
+from ragsuite.programs.stages import FILTER_MODES, FilterStage
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.hanrag import Decompose, EndCheck, RefineSeed, Route
@@ -137,23 +134,9 @@ class HANRAG(RAGProgram):
     Args:
         retriever: Passage retriever.
         task: Answer style of the final answer: ``short``, ``long`` or ``yesno``.
-        top_k: Passages retrieved per ANRAG call (the paper's top 10).
-        keep: At most this many kept passages reach the generator (the paper's top 3).
-        max_hops: Most seed questions in the complex loop, and most sub-questions run for a compound
-            question. The paper's ablation without the ending discriminator averages 4.56 steps on MuSiQue,
-            "the maximum retrieval step limit" (Table 6), so the limit is at least 5.
-        filter_mode: ``"per_passage"`` (one relevance call per passage, as in the paper) or ``"batch"`` (one
-            call per retrieval, far cheaper).
-        decisions: ``"generate"`` (Filter and EndCheck answer yes or no) or ``"probability"`` (they state the
-            probability of yes; a per-passage verdict is relevant, and the steps enough, at or above the
-            threshold; the batch filter has no per-passage probability and keeps generating its list).
-        filter_threshold: Filter's relevance threshold in ``probability`` mode (0.5: the LM's own verdict);
-            the per-passage filter's only: with ``filter_mode="batch"`` another value is refused.
-        end_threshold: EndCheck's threshold in ``probability`` mode.
-        route_weight_straightforward, route_weight_single_step, route_weight_compound, route_weight_complex:
-            In ``probability`` mode the router states a probability per route and takes the route with the
-            largest weight x probability (equal weights: the LM's most probable route). In ``generate``
-            mode the router names a route and the weights do not apply (the trace says so when they are set).
+        **knobs: Any of :attr:`KNOBS` by name (``top_k=10``), each declared there once with its default,
+            values and meaning. ``filter_threshold`` is the per-passage filter's only: with
+            ``filter_mode="batch"`` another value is refused; at least one route weight must be above 0.
 
     Example:
         >>> import dspy
@@ -168,57 +151,79 @@ class HANRAG(RAGProgram):
     """
 
     name: ClassVar[str] = "hanrag"
-    KNOBS: ClassVar[tuple[str, ...]] = (
-        "top_k",
-        "keep",
-        "max_hops",
-        "filter_mode",
-        "decisions",
-        "filter_threshold",
-        "end_threshold",
-        *ROUTE_WEIGHT_KNOBS.values(),
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer(
+            "top_k",
+            10,
+            minimum=1,
+            search=Ints(5, 20, step=5),
+            help="passages retrieved per ANRAG call (paper: 10)",
+        ),
+        integer(
+            "keep",
+            3,
+            minimum=1,
+            search=Ints(1, 5),
+            help="most kept passages given to the generator (paper: 3)",
+        ),
+        integer(
+            "max_hops",
+            5,
+            minimum=1,
+            search=Ints(1, 6),
+            help="most seeds in the complex loop; most sub-questions run for a compound question (the "
+            "paper's step limit: without the ending discriminator it averages 4.56 steps, Table 6)",
+        ),
+        choice(
+            "filter_mode",
+            "per_passage",
+            FILTER_MODES,
+            search=OneOf(FILTER_MODES),
+            help="`per_passage` (paper: one LM call per passage, run concurrently) or `batch` (one call per "
+            "retrieval, far cheaper)",
+        ),
+        choice(
+            "decisions",
+            "generate",
+            DECISION_MODES,
+            search=OneOf(DECISION_MODES),
+            help="`generate` (Filter and EndCheck answer yes or no) or `probability` (they state the "
+            "probability of yes, compared with the thresholds; the batch filter keeps generating its list)",
+        ),
+        probability(
+            "filter_threshold",
+            0.5,
+            # Only where the filter uses it: the batch filter states no per-passage probability.
+            search=Floats(0.05, 0.95, when={"filter_mode": "per_passage", "decisions": "probability"}),
+            help="per-passage relevance threshold in `probability` mode (0.5: the LM's own verdict)",
+        ),
+        probability(
+            "end_threshold",
+            0.5,
+            search=Floats(0.05, 0.95),
+            help="EndCheck threshold in `probability` mode",
+        ),
+        *(
+            number(
+                knob,
+                1.0,
+                minimum=0.0,
+                # Log scale: halving a weight matters as much as doubling it.
+                search=Floats(0.25, 4.0, log=True),
+                help=f"the {route} route's weight in `probability` mode: the router takes the route "
+                "with the largest weight x probability (in `generate` mode the weights do not apply)",
+            )
+            for route, knob in ROUTE_WEIGHT_KNOBS.items()
+        ),
     )
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 10,
-        keep: int = 3,
-        max_hops: int = 5,
-        filter_mode: FilterMode = "per_passage",
-        decisions: DecisionMode = "generate",
-        filter_threshold: float = 0.5,
-        end_threshold: float = 0.5,
-        route_weight_straightforward: float = 1.0,
-        route_weight_single_step: float = 1.0,
-        route_weight_compound: float = 1.0,
-        route_weight_complex: float = 1.0,
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.decisions = check_decisions(decisions)
-        self.filter_threshold = check_threshold("filter_threshold", filter_threshold)
-        self.end_threshold = check_threshold("end_threshold", end_threshold)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.keep = check_int("keep", keep, minimum=1)
-        self.max_hops = check_int("max_hops", max_hops, minimum=1)
-        if filter_mode not in ("per_passage", "batch"):
-            raise ConfigError(f"filter_mode must be 'per_passage' or 'batch', not {filter_mode!r}")
-        self.filter_mode: FilterMode = filter_mode
-        if filter_mode == "batch" and self.filter_threshold != 0.5:
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
+        if self.filter_mode == "batch" and self.filter_threshold != 0.5:
             raise ConfigError(
                 f"filter_threshold={self.filter_threshold} is the per-passage filter's; the batch filter "
                 "states no per-passage probability: use filter_mode=per_passage or leave filter_threshold out"
             )
-        given = {
-            "straightforward": route_weight_straightforward,
-            "single-step": route_weight_single_step,
-            "compound": route_weight_compound,
-            "complex": route_weight_complex,
-        }
-        for route, weight in given.items():
-            setattr(self, ROUTE_WEIGHT_KNOBS[route], check_weight(ROUTE_WEIGHT_KNOBS[route], weight))
         if not any(self.route_weights.values()):
             raise ConfigError("at least one route_weight_* must be > 0, or no route could be chosen")
         self.route = choice_predictor(Route, "category", mode=self.decisions, weights=self.route_weights)
@@ -227,33 +232,14 @@ class HANRAG(RAGProgram):
         self.end_check = decision_predictor(
             EndCheck, "enough", mode=self.decisions, threshold=self.end_threshold
         )
-        per_passage = filter_mode == "per_passage"
+        per_passage = self.filter_mode == "per_passage"
         self.filter = FilterStage(
-            mode=filter_mode,
+            mode=self.filter_mode,
             keep=self.keep,
             decisions=self.decisions if per_passage else "generate",
             threshold=self.filter_threshold if per_passage else None,
         )
         self.answer = HANRAGAnswer(task)
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        """HANRAG's knobs; ``filter_threshold`` only where the filter uses it (per-passage, probability)."""
-        filter_mode = trial.suggest_categorical("filter_mode", ["per_passage", "batch"])
-        decisions = trial.suggest_categorical("decisions", ["generate", "probability"])
-        knobs = {
-            "top_k": trial.suggest_int("top_k", 5, 20, step=5),
-            "keep": trial.suggest_int("keep", 1, 5),
-            "max_hops": trial.suggest_int("max_hops", 1, 6),
-            "filter_mode": filter_mode,
-            "decisions": decisions,
-            "end_threshold": trial.suggest_float("end_threshold", 0.05, 0.95),
-            # Log scale: halving a weight matters as much as doubling it.
-            **{knob: trial.suggest_float(knob, 0.25, 4.0, log=True) for knob in ROUTE_WEIGHT_KNOBS.values()},
-        }
-        if filter_mode == "per_passage" and decisions == "probability":
-            knobs["filter_threshold"] = trial.suggest_float("filter_threshold", 0.05, 0.95)
-        return knobs
 
     def decision_knobs(self) -> dict[str, DecisionKnob]:
         if self.decisions != "probability":

@@ -62,10 +62,10 @@ from dspy.utils.exceptions import AdapterParseError
 
 from ragsuite.aio import invoke
 from ragsuite.data.datasets import Task
-from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
 from ragsuite.programs.complexity import load_classifier
-from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int
+from ragsuite.programs.knobs import Ints, Knobs, OneOf, choice, integer, path
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 from ragsuite.signatures.reasoning import CoTReader, NextThought, QueryComplexity, RetrievalNeed
@@ -208,11 +208,7 @@ class IRCoT(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages per retrieval (the paper tunes K in {2, 4, 6, 8}; 4 here).
-        max_steps: Most reasoning sentences (ours: 8; the authors' 10).
-        max_passages: Most passages collected (the paper's cap: 15).
-        reader: ``direct`` (the authors' Flan-T5 runs) or ``cot`` (their Codex and GPT-3.5 runs): see the
-            module docstring.
+        **knobs: Any of :attr:`KNOBS` by name (``top_k=4``).
 
     Example:
         >>> from ragsuite import programs
@@ -221,37 +217,36 @@ class IRCoT(RAGProgram):
     """
 
     name: ClassVar[str] = "ircot"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_steps", "max_passages", "reader")
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer(
+            "top_k",
+            4,
+            minimum=1,
+            search=OneOf((2, 4, 6, 8)),
+            help="passages per retrieval (the paper tunes K in {2, 4, 6, 8})",
+        ),
+        integer(
+            "max_steps", 8, minimum=1, search=Ints(2, 10), help="most reasoning sentences (the authors': 10)"
+        ),
+        integer(
+            "max_passages",
+            15,
+            minimum=1,
+            search=Ints(5, 20),
+            help="most passages collected (the paper's cap)",
+        ),
+        choice(
+            "reader",
+            "direct",
+            ("direct", "cot"),
+            help="`direct` (the authors' Flan-T5 runs) or `cot` (their Codex and GPT-3.5 runs)",
+        ),
+    )
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 4,
-        max_steps: int = 8,
-        max_passages: int = 15,
-        reader: str = "direct",
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.max_steps = check_int("max_steps", max_steps, minimum=1)
-        self.max_passages = check_int("max_passages", max_passages, minimum=1)
-        if reader not in ("direct", "cot"):
-            raise ConfigError(
-                f"reader must be 'direct' (Flan-T5 runs) or 'cot' (Codex/GPT runs), not {reader!r}"
-            )
-        self.reader = reader
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.next_thought = dspy.Predict(NextThought)
-        self.answer = dspy.Predict(CoTReader if reader == "cot" else answer_signature(task, "passages"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
-            "top_k": trial.suggest_categorical("top_k", [2, 4, 6, 8]),
-            "max_steps": trial.suggest_int("max_steps", 2, 10),
-            "max_passages": trial.suggest_int("max_passages", 5, 20),
-        }
+        self.answer = dspy.Predict(CoTReader if self.reader == "cot" else answer_signature(task, "passages"))
 
     async def aread(
         self, ledger: RunLedger, question: str, passages: list[Passage], *, source: str = "passages"
@@ -313,11 +308,7 @@ class AdaptiveRAG(IRCoT):
 
     Stage predictors: ``classify``, ``direct`` (A), ``next_thought`` (C), ``answer`` (B and C).
 
-    Args:
-        retriever, task, top_k, max_steps, max_passages, reader: as in :class:`IRCoT` (route C).
-        single_k: Passages the single-step route B reads (the authors' 15 in their Flan-T5 runs).
-        classifier: Directory of a trained complexity classifier (``ragsuite classifier train``); it routes
-            without an LM call. None: the LM classifies (the ``classify`` stage).
+    Arguments and knobs as :class:`IRCoT`'s (route C), and two knobs more: ``single_k`` and ``classifier``.
 
     Example:
         >>> from ragsuite import programs
@@ -326,38 +317,27 @@ class AdaptiveRAG(IRCoT):
     """
 
     name: ClassVar[str] = "adaptive-rag"
-    KNOBS: ClassVar[tuple[str, ...]] = (*IRCoT.KNOBS, "single_k", "classifier")
+    KNOBS: ClassVar[Knobs] = IRCoT.KNOBS + Knobs(
+        integer(
+            "single_k",
+            15,
+            minimum=1,
+            search=OneOf((5, 10, 15)),
+            help="passages the single-step route B reads (the authors' 15 in their Flan-T5 runs)",
+        ),
+        path(
+            "classifier",
+            help="directory of a trained complexity classifier (`ragsuite classifier train`), which routes "
+            "without an LM call; null: the LM classifies",
+        ),
+    )
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 4,
-        max_steps: int = 8,
-        max_passages: int = 15,
-        reader: str = "direct",
-        single_k: int = 15,
-        classifier: str | None = None,
-    ) -> None:
-        super().__init__(
-            retriever=retriever,
-            task=task,
-            top_k=top_k,
-            max_steps=max_steps,
-            max_passages=max_passages,
-            reader=reader,
-        )
-        self.single_k = check_int("single_k", single_k, minimum=1)
-        self.classifier = None if classifier is None else str(classifier)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         # Loaded once here, so a missing or corrupt classifier fails before any question runs.
-        self._trained = None if classifier is None else load_classifier(classifier)
+        self._trained = None if self.classifier is None else load_classifier(self.classifier)
         self.classify = dspy.Predict(QueryComplexity)
         self.direct = dspy.Predict(answer_signature(task, "none"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {**super().search_space(trial), "single_k": trial.suggest_categorical("single_k", [5, 10, 15])}
 
     def artifacts(self) -> dict[str, str]:
         """The trained classifier's content hash: retrained in place, it is another configuration."""
@@ -433,18 +413,15 @@ class AdaptiveRetrieval(RAGProgram):
     """
 
     name: ClassVar[str] = "adaptive-retrieval"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k",)
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer("top_k", 5, minimum=1, search=OneOf((3, 5, 7, 10)), help="passages read when it retrieves"),
+    )
 
-    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", top_k: int = 5) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.decide = dspy.Predict(RetrievalNeed)
         self.direct = dspy.Predict(answer_signature(task, "none"))
         self.answer = dspy.Predict(answer_signature(task, "passages"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {"top_k": trial.suggest_categorical("top_k", [3, 5, 7, 10])}
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -142,6 +143,8 @@ class Knob:
                 raise ConfigError(f"{self.name} must be {_options(self.choices)}, not {value!r}")
             return value
         if self.kind == "path":
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)  # saved and compared as text
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{self.name} must be a file path or null, not {value!r}")
             return value
@@ -179,8 +182,8 @@ class Knob:
         if (self.minimum, self.maximum) == (0.0, 1.0):
             return "a probability between 0 and 1"
         if self.maximum is None:
-            return "a number" if self.minimum is None else f"a number >= {_shown(self.minimum)}"
-        return f"a number from {_shown(self.minimum)} to {_shown(self.maximum)}"
+            return "a number" if self.minimum is None else f"a number >= {self.minimum:g}"
+        return f"a number from {self.minimum:g} to {self.maximum:g}"
 
 
 def integer(name: str, default: int, *, minimum: int, help: str, search: Search | None = None) -> Knob:

@@ -39,7 +39,7 @@ from ragsuite.aio import run_sync, synchronous
 from ragsuite.data.datasets import Task
 from ragsuite.errors import RetrievalError
 from ragsuite.programs.base import RAGProgram, RunLedger, register
-from ragsuite.programs.pipeline import check_int
+from ragsuite.programs.knobs import Ints, Knobs, integer
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.signatures.answer import answer_signature, format_passages
 
@@ -156,8 +156,7 @@ class ReActRAG(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages per search (ours: 3).
-        max_iters: Most turns (the authors' 7 for HotpotQA).
+        **knobs: Any of :attr:`KNOBS` by name (``max_iters=7``).
 
     Example:
         >>> from ragsuite import programs
@@ -166,19 +165,16 @@ class ReActRAG(RAGProgram):
     """
 
     name: ClassVar[str] = "react"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "max_iters")
+    KNOBS: ClassVar[Knobs] = Knobs(
+        integer("top_k", 3, minimum=1, search=Ints(1, 7), help="passages per search (ours: 3)"),
+        integer(
+            "max_iters", 7, minimum=1, search=Ints(2, 8), help="most turns (the authors' 7 for HotpotQA)"
+        ),
+    )
 
-    def __init__(
-        self, *, retriever: Retriever | None = None, task: Task = "short", top_k: int = 3, max_iters: int = 7
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.max_iters = check_int("max_iters", max_iters, minimum=1)
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.agent = _Agent(answer_signature(task, "none"), tools=[search], max_iters=self.max_iters)
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {"top_k": trial.suggest_int("top_k", 1, 7), "max_iters": trial.suggest_int("max_iters", 2, 8)}
 
     async def aforward(self, question: str) -> dspy.Prediction:
         ledger = self.start(question)

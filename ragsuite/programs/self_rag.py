@@ -80,14 +80,8 @@ from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError
 from ragsuite.lm_client import DEFAULT_MAX_RETRY_WAIT, retry_wait
 from ragsuite.programs.base import RAGProgram, RunLedger, register
-from ragsuite.programs.pipeline import (
-    aretrieve_recorded,
-    arun_answer,
-    check_bool,
-    check_int,
-    check_threshold,
-    merge_passages,
-)
+from ragsuite.programs.knobs import Floats, Ints, Knobs, OneOf, flag, integer, number, probability
+from ragsuite.programs.pipeline import aretrieve_recorded, arun_answer, check_int, merge_passages
 from ragsuite.retrieval.base import Retriever
 from ragsuite.signatures.answer import answer_signature
 from ragsuite.signatures.reasoning import CritiquedAnswer, RetrievalNeed
@@ -99,10 +93,20 @@ _USEFULNESS = {1: -1.0, 2: -0.5, 3: 0.0, 4: 0.5, 5: 1.0}
 CRITIQUE_FALLBACK: dict[str, Any] = {"answer": "", "relevant": None, "supported": None, "usefulness": None}
 
 
-def _weight(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative number, not {value!r}")
-    return float(value)
+#: The knobs both Self-RAG programs share: passages, and the critique weights (the paper's 1.0, 1.0, 0.5).
+SHARED_KNOBS = Knobs(
+    integer(
+        "top_k", 5, minimum=1, search=Ints(2, 8), help="passages retrieved, one candidate each (paper: 5)"
+    ),
+    *(
+        number(name, default, minimum=0.0, search=Floats(0.0, 2.0), help=f"the {critique} critique's weight")
+        for name, default, critique in (
+            ("w_rel", 1.0, "IsREL (relevance)"),
+            ("w_sup", 1.0, "IsSUP (support)"),
+            ("w_use", 0.5, "IsUSE (usefulness)"),
+        )
+    ),
+)
 
 
 @register
@@ -114,8 +118,7 @@ class SelfRAGPrompted(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages retrieved, one candidate each (the paper's 5).
-        w_rel, w_sup, w_use: Critique weights (the paper's 1.0, 1.0, 0.5).
+        **knobs: Any of :attr:`KNOBS` by name (``top_k=5``).
 
     Example:
         >>> from ragsuite import programs
@@ -124,38 +127,14 @@ class SelfRAGPrompted(RAGProgram):
     """
 
     name: ClassVar[str] = "self-rag-prompted"
-    KNOBS: ClassVar[tuple[str, ...]] = ("top_k", "w_rel", "w_sup", "w_use")
+    KNOBS: ClassVar[Knobs] = SHARED_KNOBS
 
-    def __init__(
-        self,
-        *,
-        retriever: Retriever | None = None,
-        task: Task = "short",
-        top_k: int = 5,
-        w_rel: float = 1.0,
-        w_sup: float = 1.0,
-        w_use: float = 0.5,
-    ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.w_rel, self.w_sup, self.w_use = (
-            _weight("w_rel", w_rel),
-            _weight("w_sup", w_sup),
-            _weight("w_use", w_use),
-        )
+    def __init__(self, *, retriever: Retriever | None = None, task: Task = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **knobs)
         self.decide = dspy.Predict(RetrievalNeed)
         self.critique = dspy.Predict(CritiquedAnswer)
         self.direct = dspy.Predict(answer_signature(task, "none"))
         self.answer = dspy.Predict(answer_signature(task, "note"))
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
-            "top_k": trial.suggest_int("top_k", 2, 8),
-            "w_rel": trial.suggest_float("w_rel", 0.0, 2.0),
-            "w_sup": trial.suggest_float("w_sup", 0.0, 2.0),
-            "w_use": trial.suggest_float("w_use", 0.0, 2.0),
-        }
 
     def score(self, critique: Any) -> float:
         """The weighted critique score of one candidate (IsUSE on the -1..1 scale; unrated: 0)."""
@@ -537,12 +516,7 @@ class SelfRAG(RAGProgram):
     Args:
         retriever: Any :class:`~ragsuite.retrieval.base.Retriever`.
         task: Answer style: ``short``, ``long`` or ``yesno``.
-        top_k: Passages retrieved, one candidate each (5).
-        threshold: Retrieve when the normalized P([Retrieval]) is above this (the paper's 0.2).
-        w_rel, w_sup, w_use: Critique weights (the paper's 1.0, 1.0, 0.5).
-        use_seqscore: Add the generation's probability to each candidate's score.
-        beam_width: Paths kept per segment in long-form generation (the authors' 2).
-        max_depth: The long-form search depth T (the README's ASQA command: 7, so at most 6 segments).
+        **knobs: Any of :attr:`KNOBS` by name (``threshold=0.2``).
         max_tokens: Tokens per generation (default: the README's commands: 100 for short answers as for
             PopQA and TriviaQA, 50 for yes/no as for PubHealth and ARC, 300 for long answers as for ASQA).
 
@@ -555,15 +529,30 @@ class SelfRAG(RAGProgram):
 
     name: ClassVar[str] = "self-rag"
     NEEDS_LOGPROBS: ClassVar[bool] = True
-    KNOBS: ClassVar[tuple[str, ...]] = (
-        "top_k",
-        "threshold",
-        "w_rel",
-        "w_sup",
-        "w_use",
-        "use_seqscore",
-        "beam_width",
-        "max_depth",
+    KNOBS: ClassVar[Knobs] = Knobs(
+        SHARED_KNOBS["top_k"],
+        probability(
+            "threshold",
+            0.2,
+            search=Floats(0.0, 1.0),
+            help="retrieve when the normalized P([Retrieval]) is above this (the paper's 0.2)",
+        ),
+        *(SHARED_KNOBS[name] for name in ("w_rel", "w_sup", "w_use")),
+        flag(
+            "use_seqscore",
+            True,
+            search=OneOf((True, False)),
+            help="add the generation's probability to each candidate's score",
+        ),
+        integer(
+            "beam_width", 2, minimum=1, help="paths kept per segment in long-form generation (the authors' 2)"
+        ),
+        integer(
+            "max_depth",
+            7,
+            minimum=2,
+            help="the long-form search depth T (the README's ASQA command: 7, so at most 6 segments)",
+        ),
     )
 
     def __init__(
@@ -571,42 +560,14 @@ class SelfRAG(RAGProgram):
         *,
         retriever: Retriever | None = None,
         task: Task = "short",
-        top_k: int = 5,
-        threshold: float = 0.2,
-        w_rel: float = 1.0,
-        w_sup: float = 1.0,
-        w_use: float = 0.5,
-        use_seqscore: bool = True,
-        beam_width: int = 2,
-        max_depth: int = 7,
         max_tokens: int | None = None,
+        **knobs: Any,
     ) -> None:
-        super().__init__(retriever=retriever, task=task)
-        self.top_k = check_int("top_k", top_k, minimum=1)
-        self.threshold = check_threshold("threshold", threshold)
-        self.w_rel, self.w_sup, self.w_use = (
-            _weight("w_rel", w_rel),
-            _weight("w_sup", w_sup),
-            _weight("w_use", w_use),
-        )
-        self.use_seqscore = check_bool("use_seqscore", use_seqscore)
-        self.beam_width = check_int("beam_width", beam_width, minimum=1)
-        self.max_depth = check_int("max_depth", max_depth, minimum=2)
+        super().__init__(retriever=retriever, task=task, **knobs)
         default_tokens = {"short": 100, "yesno": 50, "long": 300}[task]
         self.max_tokens = check_int(
             "max_tokens", default_tokens if max_tokens is None else max_tokens, minimum=1
         )
-
-    @classmethod
-    def search_space(cls, trial: Any) -> dict[str, Any]:
-        return {
-            "top_k": trial.suggest_int("top_k", 2, 8),
-            "threshold": trial.suggest_float("threshold", 0.0, 1.0),
-            "w_rel": trial.suggest_float("w_rel", 0.0, 2.0),
-            "w_sup": trial.suggest_float("w_sup", 0.0, 2.0),
-            "w_use": trial.suggest_float("w_use", 0.0, 2.0),
-            "use_seqscore": trial.suggest_categorical("use_seqscore", [True, False]),
-        }
 
     def score(self, scores: dict[str, float]) -> float:
         """A candidate's segment score from its :func:`reflection_scores`."""

@@ -48,6 +48,8 @@ from ragsuite.signatures.hanrag import Filter, FilterBatch
 logger = logging.getLogger("ragsuite.programs.stages")
 
 FilterMode = Literal["per_passage", "batch"]
+#: The filter modes, in the order knobs and search spaces list them.
+FILTER_MODES: tuple[str, ...] = ("per_passage", "batch")
 BlendWhich = Literal["both", "external", "internal"]
 
 
@@ -370,6 +372,7 @@ def parse_stage_flags(items: list[str]) -> dict[str, dspy.Module]:
 
 
 __all__ = [
+    "FILTER_MODES",
     "STAGE_TYPES",
     "BlendStage",
     "FilterStage",
