@@ -93,3 +93,74 @@ def test_programs_take_their_knobs_by_name_and_variants_only_override_defaults()
     # One constructor: the variant declares other defaults, not another signature.
     assert "__init__" not in vars(adaptive)
     assert adaptive.KNOBS.defaults() == {**deepnote.KNOBS.defaults(), "max_failure": 1}
+
+
+def test_every_program_declares_its_knobs_and_their_defaults_pass_their_checks() -> None:
+    for name in programs.names():
+        cls = programs.get(name)
+        assert isinstance(cls.KNOBS, Knobs), f"{name} declares its knobs as a plain tuple"
+        assert cls.KNOBS.check({}) == cls.default_knobs()
+        assert all(knob.help for knob in cls.KNOBS.values()), f"{name}: a knob without help"
+
+
+def test_set_reads_each_value_by_its_declaration() -> None:
+    from ragsuite.cli.args import parse_knob_settings
+
+    adaptive_rag = programs.get("adaptive-rag").KNOBS
+    assert parse_knob_settings(
+        ["top_k=6", "classifier=2024", "reader=cot"], adaptive_rag, "adaptive-rag"
+    ) == {
+        "top_k": 6,
+        "classifier": "2024",
+        "reader": "cot",
+    }
+    with pytest.raises(ConfigError, match="reader must be 'direct' or 'cot', not 'cto'"):
+        parse_knob_settings(["reader=cto"], adaptive_rag, "adaptive-rag")
+    with pytest.raises(ConfigError, match="program 'adaptive-rag' has no knob 'readr'; its knobs are: top_k"):
+        parse_knob_settings(["readr=cot"], adaptive_rag, "adaptive-rag")
+
+
+def test_the_docs_knob_tables_are_generated_from_the_declarations() -> None:
+    from ragsuite.programs.catalog import knob_table_block, knob_table_pages, rewrite_knob_tables
+
+    fix = "; rewrite them with `python -m ragsuite.programs.catalog`"
+    pages = knob_table_pages()
+    shown = {}
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert rewrite_knob_tables(text) == text, (
+            f"{page.name}: a knob table differs from the declarations{fix}"
+        )
+        for name in programs.names():
+            start, end = knob_table_block(name)
+            if start in text:
+                shown[name] = text.split(start, 1)[1].split(end, 1)[0].strip()
+    assert {"deepnote", "hanrag", "blendfilter", "diverse-rerank"} <= set(shown)
+    for name, table in shown.items():
+        assert table == programs.get(name).KNOBS.markdown_table()
+        assert all(f"| `{knob}` |" in table for knob in programs.get(name).KNOBS)
+
+
+def test_a_new_knob_is_one_declaration() -> None:
+    """Declared once, a knob is a constructor argument with its check and default, a --set value, part of
+    the search space, of the program file's knobs and of the docs table; a variant gets it too."""
+    from ragsuite.cli.args import parse_knob_settings
+
+    deepnote = programs.get("deepnote")
+
+    class WithBudget(deepnote):
+        KNOBS = deepnote.KNOBS + Knobs(
+            integer("note_tokens", 400, minimum=1, search=Ints(100, 800), help="most tokens a note keeps")
+        )
+
+    class Variant(WithBudget):
+        KNOBS = WithBudget.KNOBS.override(note_tokens=200)
+
+    assert WithBudget(note_tokens=300).knobs()["note_tokens"] == 300
+    assert WithBudget.default_knobs()["note_tokens"] == 400 and Variant().note_tokens == 200
+    with pytest.raises(ConfigError, match="note_tokens must be an integer >= 1"):
+        WithBudget(note_tokens=0)
+    assert parse_knob_settings(["note_tokens=250"], WithBudget.KNOBS, "with-budget") == {"note_tokens": 250}
+    assert "| `note_tokens` | `400` |" in WithBudget.KNOBS.markdown_table()
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    assert 100 <= WithBudget.search_space(trial)["note_tokens"] <= 800

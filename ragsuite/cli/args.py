@@ -24,7 +24,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,16 +219,23 @@ def exclude_holdout(program: Any, examples: Sequence[Any], *, allow_overlap: boo
 
 
 # ---------------------------------------------------------------------------------------------------- program
-def parse_knob_settings(items: list[str], allowed: tuple[str, ...], program: str) -> dict[str, Any]:
+def parse_knob_settings(items: list[str], allowed: Collection[str], program: str) -> dict[str, Any]:
     """``["top_k=7", "filter_mode=batch"]`` -> ``{"top_k": 7, "filter_mode": "batch"}``.
 
-    Values are read as JSON (numbers, booleans, lists), else kept as text."""
+    ``allowed`` is the program's ``KNOBS``: each value is read and checked by its knob's declaration (a path
+    stays text, a wrong value is refused before anything is built); for a program that lists only its knobs'
+    names, values are read as JSON (numbers, booleans, lists), else kept as text."""
+    from ragsuite.programs.knobs import Knobs
+
     knobs: dict[str, Any] = {}
     for item in items:
         name, eq, raw = item.partition("=")
         name = name.strip()
         if not eq or not name:
             raise ConfigError(f"--set expects KNOB=VALUE, not {item!r}")
+        if isinstance(allowed, Knobs):
+            knobs[name] = allowed.parse(name, raw, program=program)
+            continue
         if name not in allowed:
             raise ConfigError(
                 f"program {program!r} has no knob {name!r}; its knobs are: {', '.join(allowed) or '(none)'}"

@@ -3,9 +3,11 @@
 ``ragsuite --help`` and every subcommand's ``--help`` read this table instead of importing the programs
 (which imports dspy, about a second of CPU), so help stays fast. It must not import dspy or any program
 module. ``tests/test_cli_startup.py`` checks it against the real registry (:func:`ragsuite.programs.names`,
-each class's ``default_knobs()`` and docstring); when a program is added or a default changes, that test
-fails. Rewrite the table from the registry with ``python -m ragsuite.programs.catalog`` (then
-``ruff format ragsuite/programs/catalog.py``); summaries that still fit their docstrings are kept.
+each class's ``default_knobs()``, which its ``KNOBS`` declarations give, and docstring); when a program is
+added or a default changes, that test fails. Rewrite the table from the registry with
+``python -m ragsuite.programs.catalog`` (then ``ruff format ragsuite/programs/catalog.py``); summaries that
+still fit their docstrings are kept. The same command rewrites the knob tables of the docs' program pages
+(between ``<!-- knobs:NAME:start -->`` and ``<!-- knobs:NAME:end -->``) from the declarations.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -359,14 +362,43 @@ def _rewrite() -> str:
     return source[:start] + "\n".join(lines) + source[end:]
 
 
+def knob_table_block(name: str) -> tuple[str, str]:
+    """The markers around program ``name``'s knob table in a docs page."""
+    return f"<!-- knobs:{name}:start -->", f"<!-- knobs:{name}:end -->"
+
+
+_KNOB_BLOCK = re.compile(r"<!-- knobs:([a-z-]+):start -->\n.*?<!-- knobs:\1:end -->", re.DOTALL)
+
+
+def rewrite_knob_tables(text: str) -> str:
+    """``text`` (a docs page) with every knob table between its markers rebuilt from the program's knob
+    declarations (imports the programs)."""
+    from ragsuite import programs
+
+    def table(match: re.Match[str]) -> str:
+        start, end = knob_table_block(match.group(1))
+        return f"{start}\n{programs.get(match.group(1)).KNOBS.markdown_table()}\n{end}"
+
+    return _KNOB_BLOCK.sub(table, text)
+
+
+def knob_table_pages() -> list[Path]:
+    """The docs pages of a source checkout that hold knob tables (none in an installed package)."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    return sorted(p for p in docs.rglob("*.md") if "<!-- knobs:" in p.read_text(encoding="utf-8"))
+
+
 __all__ = [
     "CATALOG",
     "ProgramEntry",
     "changed_knobs",
     "docstring_head",
     "entry",
+    "knob_table_block",
+    "knob_table_pages",
     "names",
     "package_programs",
+    "rewrite_knob_tables",
     "summary_fits",
 ]
 
@@ -376,3 +408,6 @@ if __name__ == "__main__":
 
     Path(__file__).write_text(_rewrite(), encoding="utf-8")
     print(f"rewrote {__file__}; now run: ruff format {__file__}")
+    for page in knob_table_pages():
+        page.write_text(rewrite_knob_tables(page.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"rewrote the knob tables of {page}")
