@@ -16,10 +16,10 @@ Figures, per run:
     threads: the process's most threads alive at once during the run (sampled every 50 ms).
     s / question: mean latency of one question (ideal: (calls + 1 if fanout else calls) * latency).
 
-DSPy's LM client keeps at most 100 connections per endpoint (``max_connections`` of its vendored lm15
-transport, not a ``dspy.LM`` setting): past 100 LM calls in flight, both engines queue for a connection.
-``--max-connections N`` raises that default in the benchmark's processes (a patch of ``RouterConfig``'s
-default, for measuring the engines themselves).
+The LM is built as ``ragsuite eval`` builds it: its connection pool (``build_lm(max_connections=...)``)
+is ``ragsuite eval``'s default for that many concurrent questions, 4 per question and at least 100;
+``--max-connections N`` sets it instead (``--max-connections 100`` is DSPy's own limit, with which both
+engines queue for a connection past 100 LM calls in flight).
 
 Usage:
     python benchmarks/eval_engines.py [--latency 1.0] [--calls 2] [--fanout 3] [--per-slot 2]
@@ -97,6 +97,13 @@ def _peak_threads(stop: threading.Event, peak: list[int]) -> None:
         peak[0] = max(peak[0], threading.active_count())
 
 
+def connections(args: argparse.Namespace) -> int:
+    """The LM's connection pool: ``--max-connections``, else ``ragsuite eval``'s for the concurrency."""
+    from ragsuite.cli.args import default_max_connections
+
+    return args.max_connections or default_max_connections(args.concurrency)
+
+
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     """One engine at one concurrency, in this (fresh) process."""
     import resource
@@ -107,15 +114,18 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     from ragsuite.lm import build_lm
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
-    if args.max_connections:
-        from dspy.clients.execution import RouterConfig
-
-        RouterConfig.__init__.__kwdefaults__["max_connections"] = args.max_connections
     examples = [
         dspy.Example(id=f"q{i}", question=f"Question number {i}?", answers=["ok"]).with_inputs("question")
         for i in range(args.concurrency * args.per_slot)
     ]
-    lm = build_lm("openai/scripted", api_base=args.api_base, cache=False, retries=0, timeout=120)
+    lm = build_lm(
+        "openai/scripted",
+        api_base=args.api_base,
+        cache=False,
+        retries=0,
+        timeout=120,
+        max_connections=connections(args),
+    )
     program = _program(args.calls, args.fanout)
     with dspy.context(lm=lm):  # warm up: connections, imports, adapters (both paths)
         evaluate(program, examples[:4], dataset="hotpotqa", threads=4, engine=args.engine, progress=False)
@@ -150,6 +160,7 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "engine": args.engine,
         "concurrency": args.concurrency,
+        "connections": connections(args),
         "questions": len(examples),
         "requests": requests,
         "ideal": ideal,
@@ -173,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
     parser.add_argument("--engines", nargs="+", default=["threads", "async"], choices=["threads", "async"])
     parser.add_argument(
-        "--max-connections", type=int, help="the LM client's connection pool (default: DSPy's, 100)"
+        "--max-connections",
+        type=int,
+        help="the LM's connection pool (default: ragsuite eval's for the concurrency, 4 per question, "
+        "at least 100)",
     )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--engine", help=argparse.SUPPRESS)
@@ -212,17 +226,17 @@ def main(argv: list[str] | None = None) -> int:
         server.join(timeout=30)
     print(
         f"latency {1000 * args.latency:.0f} ms/LM call; per question {args.calls} sequential + {args.fanout} "
-        f"concurrent LM calls; {args.per_slot} questions per slot; LM client connections: "
-        f"{args.max_connections or 'DSPy default (100)'}; cpus={os.cpu_count()}"
+        f"concurrent LM calls; {args.per_slot} questions per slot; cpus={os.cpu_count()}"
     )
     print(
-        "| engine | concurrent questions | questions | LM calls | ideal (s) | actual (s) | efficiency "
-        "| s / question | CPU / LM call (ms) | peak RSS (MiB) | base RSS (MiB) | peak threads |"
+        "| engine | concurrent questions | LM connections | questions | LM calls | ideal (s) | actual (s) "
+        "| efficiency | s / question | CPU / LM call (ms) | peak RSS (MiB) | base RSS (MiB) | peak threads |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['engine']} | {row['concurrency']} | {row['questions']} | {row['requests']} "
+            f"| {row['engine']} | {row['concurrency']} | {row['connections']} | {row['questions']} "
+            f"| {row['requests']} "
             f"| {row['ideal']:.2f} | {row['wall']:.2f} | {row['ideal'] / row['wall']:.2f} "
             f"| {row['question_s']:.2f} | {row['cpu_per_call_ms']:.2f} | {row['peak_rss_mib']:.0f} "
             f"| {row['base_rss_mib']:.0f} | {row['threads']} |"
