@@ -324,8 +324,9 @@ def build_lm(
         top_p: Nucleus sampling; None leaves the provider's default.
         local_options: For ``local[:...]`` specs: ``engine``, ``parallel``, ``ctx``, ``threads`` of the
             server started for them (:class:`ragsuite.local_lm.LocalServer`).
-        max_connections: The most requests the LM keeps in flight at once, per server (its connection
-            pool); None: DSPy's default, 100. The command line derives it from ``--threads``.
+        max_connections: The most requests the LM keeps in flight at once (its connection pool); None:
+            DSPy's default, 100. The command line derives it from ``--threads``. Replicas go through
+            LiteLLM's Router, whose own client this does not size.
 
     Raises:
         ConfigError: malformed spec or missing key.
