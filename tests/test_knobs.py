@@ -164,3 +164,20 @@ def test_a_new_knob_is_one_declaration() -> None:
     assert "| `note_tokens` | `400` |" in WithBudget.KNOBS.markdown_table()
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
     assert 100 <= WithBudget.search_space(trial)["note_tokens"] <= 800
+
+
+#: The program modules whose docstring examples run without an LM (the others' examples are skipped).
+PROGRAM_MODULES = "knobs catalog baselines deepnote notes_and_thoughts hanrag hanrag_oracle blendfilter"
+PROGRAM_MODULES += " diverse_rerank ircot react flare self_rag"
+
+
+@pytest.mark.parametrize("module", PROGRAM_MODULES.split())
+def test_the_program_modules_examples_hold(module: str) -> None:
+    """The docstring examples (default knobs among them) run and print what they show."""
+    import doctest
+    import importlib
+
+    found = doctest.testmod(
+        importlib.import_module(f"ragsuite.programs.{module}"), optionflags=doctest.ELLIPSIS
+    )
+    assert found.failed == 0, f"{found.failed} example(s) of ragsuite.programs.{module} fail"

@@ -143,7 +143,7 @@ class HANRAG(RAGProgram):
         >>> from ragsuite import programs
         >>> from ragsuite.retrieval.bm25 import BM25Retriever
         >>> retriever = BM25Retriever.from_dataset("musique")  # doctest: +SKIP
-        >>> program = programs.get("hanrag")(retriever=retriever)
+        >>> program = programs.get("hanrag")(retriever=retriever)  # doctest: +SKIP
         >>> with dspy.context(lm=dspy.LM("openai/gpt-4o-mini")):  # doctest: +SKIP
         ...     prediction = program(question="Who succeeded the first President of Namibia?")
         >>> prediction.route, prediction.stats["steps"]  # doctest: +SKIP
