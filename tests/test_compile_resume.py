@@ -170,3 +170,65 @@ def test_a_folder_of_replies_without_a_description_is_refused(tmp_path):
     (folder / "cache.db").write_bytes(b"")
     with pytest.raises(ConfigError, match=f"no {RUN_FILE}"):
         check_run_folder(folder, {"program": "vanilla"})
+
+
+def _tune_args(out: Path, api_base: str) -> list[str]:
+    return [
+        "tune",
+        "--program",
+        "vanilla",
+        "--dataset",
+        "hotpotqa",
+        "--trials",
+        "1",
+        "--val",
+        "4",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--lm",
+        "openai/scripted",
+        "--api-base",
+        api_base,
+    ]
+
+
+@pytest.mark.slow
+def test_a_tune_killed_mid_trial_retries_that_trial_sending_only_its_unfinished_calls(tmp_path, caplog):
+    import optuna
+
+    from ragsuite.cli import main
+
+    gate = _Gate(grounded_responder(_gold()))
+    with LocalOpenAIServer(gate) as server:
+        assert main(_tune_args(tmp_path / "whole", server.api_base)) == 0
+        total = gate.answered
+        assert total >= 4  # one call per validation question at least
+
+        finished = total // 2
+        gate.answered, gate.hold_after = 0, finished
+        out = tmp_path / "resumed"
+        env = {**os.environ, "DSPY_CACHEDIR": str(tmp_path / "shared-cache")}
+        command = [sys.executable, "-m", "ragsuite", *_tune_args(out, server.api_base)]
+        try:
+            with running(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as killed:
+                assert gate.held.wait(timeout=300), "the tune never reached its held request"
+                killed.kill()  # SIGKILL mid-trial: the trial stays RUNNING in the study
+                killed.wait(timeout=60)
+        finally:
+            gate.release.set()
+        assert gate.answered == finished
+
+        gate.answered, gate.hold_after = 0, None
+        with caplog.at_level(logging.WARNING):
+            assert main(_tune_args(out, server.api_base)) == 0
+    assert gate.answered == total - finished
+    assert f"resuming: {finished} LM calls cached from an earlier tune" in caplog.text
+    (whole,) = (tmp_path / "whole").glob("*/best.json")
+    (resumed,) = out.glob("*/best.json")
+    assert json.loads(resumed.read_text())["knobs"] == json.loads(whole.read_text())["knobs"]
+    study = optuna.load_study(study_name=resumed.parent.name, storage=f"sqlite:///{out / 'study.db'}")
+    states = [(t.state.name, t.user_attrs.get("retry_of")) for t in study.trials]
+    assert states == [("FAIL", None), ("COMPLETE", 0)]

@@ -9,8 +9,11 @@ requests; it is not part of the study, and ``trials.json`` records each trial's 
 work. ``--trials`` is the study's total: re-running resumes, with new sampler draws; a resume with another
 LM, temperature, dataset, program, retriever, validation slice, split seed, metric or objectives is refused
 with the differences listed. Trials left running by a killed process on this host are marked failed on
-resume. The chosen trial is written to ``OUT/STUDY/best.json`` (with ``trials.json`` and the Pareto files;
-STUDY is the study name), which ``ragsuite eval --program-file`` and ``ragsuite.load`` accept.
+resume and queued again with the same knobs. Every LM reply is recorded as it arrives in OUT/lm-cache/ (keyed
+by request and endpoint; a folder of another LM is refused), so a rerun after a kill replays the calls the
+killed trial had finished and sends only the rest; with --no-cache nothing is recorded, and a stopped trial
+starts over. The chosen trial is written to ``OUT/STUDY/best.json`` (with ``trials.json`` and the Pareto
+files; STUDY is the study name), which ``ragsuite eval --program-file`` and ``ragsuite.load`` accept.
 
 Quality is token F1 on datasets whose table metric is substring accuracy (HotpotQA, 2Wiki, MuSiQue), which
 "unknown" would game for gold "no"; else the dataset's primary metric. A failed question scores 0 in
@@ -33,11 +36,17 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
 from ragsuite.cli.help_text import plain, programs_epilog
 from ragsuite.errors import ConfigError
+
+log = logging.getLogger("ragsuite.cli.tune")
+
+#: The folder in ``--out`` that records the tune's LM replies.
+LM_CACHE_DIR = "lm-cache"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -123,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     # One tune per output directory: two would overwrite each other's best.json and pareto files.
     with (
         lock_directory(args.out),
+        _recording(args, lm_public),
         mlflow_run(args.mlflow, run_name=run_name, command="tune") as tracking,
     ):
         if tracking is not None:
@@ -167,6 +177,29 @@ def run(args: argparse.Namespace) -> int:
     for label, path in result.files.items():
         print(f"{label}: {path}")
     return 0
+
+
+def _recording(args: argparse.Namespace, lm_public: dict[str, Any]) -> Any:
+    """Record the tune's LM replies in ``OUT/lm-cache/``, so a trial stopped part-way replays what it had
+    finished; nothing with ``--no-cache`` (its LMs bypass every cache).
+
+    The folder belongs to the LMs (model, endpoint without credentials; the local LM by its file's sha256
+    and engine); studies of several programs in one OUT share it, since a reply is keyed by its request.
+    """
+    import contextlib
+
+    from ragsuite.lm import redact
+    from ragsuite.optimizers.run_cache import recording_lm_calls
+
+    if args.no_cache:
+        log.warning("--no-cache: the LM calls are not recorded, so a stopped trial starts over")
+        return contextlib.nullcontext()
+    description = {
+        "command": "tune",
+        "lm": lm_public,
+        "teacher_lm": redact(args.teacher_lm) if args.teacher_lm else None,
+    }
+    return recording_lm_calls(args.out / LM_CACHE_DIR, description=description, label="tune")
 
 
 def _run_params(

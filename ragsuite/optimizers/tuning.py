@@ -539,7 +539,9 @@ def _alive(pid: int) -> bool:
 
 
 def fail_orphaned_trials(study: optuna.Study, *, host: str | None = None) -> list[int]:
-    """Mark FAIL the RUNNING trials whose worker process on this host is gone (killed mid-trial).
+    """Mark FAIL the RUNNING trials whose worker process on this host is gone (killed mid-trial), and queue
+    each again with the same knobs: with the run's LM replies recorded (``ragsuite tune``), the retry replays
+    the calls the killed trial finished instead of paying for another point's.
 
     Trials of other hosts are left alone: whether their workers live cannot be told from here. The state is
     set through ``study.tell``, Optuna's public way to finish a trial by number.
@@ -555,9 +557,13 @@ def fail_orphaned_trials(study: optuna.Study, *, host: str | None = None) -> lis
         except (RuntimeError, ValueError, optuna.exceptions.UpdateFinishedTrialError):
             continue  # another worker got there first
         failed.append(trial.number)
+        if trial.params:
+            study.enqueue_trial(dict(trial.params), user_attrs={"retry_of": trial.number})
     if failed:
         log.warning(
-            "study %s: trials %s were left running by dead workers; marked FAIL", study.study_name, failed
+            "study %s: trials %s were left running by dead workers; marked FAIL and queued again",
+            study.study_name,
+            failed,
         )
     return failed
 
