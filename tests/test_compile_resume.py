@@ -232,3 +232,12 @@ def test_a_tune_killed_mid_trial_retries_that_trial_sending_only_its_unfinished_
     study = optuna.load_study(study_name=resumed.parent.name, storage=f"sqlite:///{out / 'study.db'}")
     states = [(t.state.name, t.user_attrs.get("retry_of")) for t in study.trials]
     assert states == [("FAIL", None), ("COMPLETE", 0)]
+
+
+def test_a_description_write_cut_short_by_a_kill_does_not_block_the_folder(tmp_path):
+    folder = tmp_path / "run.lm-cache"
+    folder.mkdir()
+    (folder / ".lock").write_text("")
+    (folder / f".{RUN_FILE}.abc123.tmp").write_text('{"progr')
+    check_run_folder(folder, {"program": "vanilla"})
+    assert json.loads((folder / RUN_FILE).read_text()) == {"program": "vanilla"}

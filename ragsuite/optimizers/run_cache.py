@@ -109,7 +109,8 @@ def check_run_folder(folder: Path, description: dict[str, Any]) -> None:
                 "to another --out"
             )
         return
-    if any(path.name not in {".lock"} for path in folder.iterdir()):
+    # Dot files are the folder's lock and a description write a kill interrupted, not replies.
+    if any(not path.name.startswith(".") for path in folder.iterdir()):
         raise ConfigError(
             f"{folder} holds files but no {RUN_FILE}, so its replies cannot be checked against this run; "
             "delete that folder or write to another --out"
