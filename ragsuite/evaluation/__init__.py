@@ -22,11 +22,20 @@ The modules, one concern each:
     progress   the progress bar
 
 Example:
+    A scripted LM that always answers "Rush" stands in for a real one here:
+
+    >>> import dspy
+    >>> from ragsuite import programs
+    >>> from ragsuite.data.datasets import load_dataset
     >>> from ragsuite.evaluation import evaluate
-    >>> examples = load_dataset("hotpotqa")[:50]
-    >>> result = evaluate(program, examples, dataset="hotpotqa", threads=8, out_dir="runs/x")
+    >>> from ragsuite.retrieval.bm25 import BM25Retriever
+    >>> from ragsuite.testing.scripted import ScriptedLM
+    >>> examples = load_dataset("hotpotqa")[:4]
+    >>> program = programs.get("vanilla")(retriever=BM25Retriever.from_dataset("hotpotqa"), task="short")
+    >>> with dspy.context(lm=ScriptedLM(lambda request: {"answer": "Rush"})):
+    ...     result = evaluate(program, examples, dataset="hotpotqa", out_dir="runs/x", progress=False)
     >>> result.metrics["accuracy"], result.cost["lm_calls"]
-    (0.42, 1.0)
+    (0.25, 1.0)
 """
 
 from __future__ import annotations

@@ -16,11 +16,16 @@ Worker threads are daemons: an interrupted run drops the examples in flight (the
 instead of keeping the process alive until they finish.
 
 Example:
-    >>> halt = Halt(max_errors=None)
-    >>> runner = ExampleRunner(program, dataset="hotpotqa", halt=halt)
-    >>> engine = start_engine("threads", runner, threads=4, context=contextvars.copy_context())
+    >>> import dspy
+    >>> from ragsuite.data.datasets import load_dataset
+    >>> from ragsuite.testing.scripted import ScriptedLM
+    >>> example = load_dataset("hotpotqa")[0]
+    >>> program = dspy.Predict("question -> answer")
+    >>> runner = ExampleRunner(program, dataset="hotpotqa", halt=Halt(max_errors=None))
+    >>> with dspy.context(lm=ScriptedLM(lambda request: {"answer": "Rush"})):
+    ...     engine = start_engine("threads", runner, threads=4, context=contextvars.copy_context())
     >>> engine.submit(example, "q1").result()["metrics"]
-    {'accuracy': 1.0, 'f1': 0.8, 'exact_match': 0.0}
+    {'accuracy': 1.0, 'f1': 1.0, 'exact_match': 1.0}
     >>> engine.close(wait=True)
 """
 

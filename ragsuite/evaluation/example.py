@@ -5,11 +5,17 @@ The same coroutine serves both engines: the thread engine drives it with :func:`
 (``program(...)``), the async engine awaits it (``await program.acall(...)``).
 
 Example:
+    >>> import dspy
     >>> from ragsuite.aio import run_sync
+    >>> from ragsuite.data.datasets import load_dataset
     >>> from ragsuite.evaluation.example import arun_example
-    >>> record = run_sync(arun_example(program, example, "q1", dataset="hotpotqa"))
+    >>> from ragsuite.testing.scripted import ScriptedLM
+    >>> example = load_dataset("hotpotqa")[0]
+    >>> program = dspy.Predict("question -> answer")
+    >>> with dspy.context(lm=ScriptedLM(lambda request: {"answer": "Rush"})):
+    ...     record = run_sync(arun_example(program, example, "q1", dataset="hotpotqa"))
     >>> record["metrics"]["accuracy"], record["tokens"]["requests"]
-    (1.0, 3)
+    (1.0, 1)
 """
 
 from __future__ import annotations

@@ -7,12 +7,7 @@ progress bar, count failures, call ``on_record``. A stop (``max_errors``, ``on_r
 error) starts no further example and persists the ones in flight; Ctrl-C or SIGTERM drops the ones in flight
 (they run again on resume) and still writes the summary of the finished ones.
 
-Example:
-    >>> from ragsuite.evaluation import evaluate
-    >>> examples = load_dataset("hotpotqa")[:50]
-    >>> result = evaluate(program, examples, dataset="hotpotqa", threads=8, out_dir="runs/x")
-    >>> result.metrics["accuracy"], result.cost["lm_calls"]
-    (0.42, 1.0)
+:mod:`ragsuite.evaluation` shows :func:`evaluate` at work.
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@ and tokens per question.
 
 Example:
     >>> from ragsuite.evaluation.progress import ProgressBar
-    >>> bar = ProgressBar(50, initial=0, dataset="hotpotqa", enabled=True)
-    >>> bar.add(record)
+    >>> bar = ProgressBar(50, initial=0, dataset="hotpotqa", enabled=False)  # enabled: drawn on stderr
+    >>> bar.add({"metrics": {"accuracy": 1.0}, "tokens": {"lm_invocations": 3, "input": 900, "output": 40}})
     >>> bar.close()
+    >>> bar.scored, bar.calls, bar.tokens
+    (1, 3, 940)
 """
 
 from __future__ import annotations

@@ -4,11 +4,24 @@ Scores are means over the examples that finished without error; failed examples 
 not scored as wrong. With no example scored, every mean is None and every table cell "–", never 0.
 
 Example:
-    >>> from ragsuite.evaluation.summary import format_table, summarize
-    >>> summary = summarize(records, dataset="hotpotqa", total=50)
+    Two records scored by :func:`~ragsuite.evaluation.example.arun_example`, one right and one wrong:
+
+    >>> import dspy
+    >>> from ragsuite.aio import run_sync
+    >>> from ragsuite.data.datasets import load_dataset
+    >>> from ragsuite.evaluation.example import arun_example
+    >>> from ragsuite.testing.scripted import ScriptedLM
+    >>> program = dspy.Predict("question -> answer")
+    >>> with dspy.context(lm=ScriptedLM(lambda request: {"answer": "Rush"})):
+    ...     records = [run_sync(arun_example(program, ex, ex.id, dataset="hotpotqa"))
+    ...                for ex in load_dataset("hotpotqa")[:2]]
+    >>> summary = summarize(records, dataset="hotpotqa", total=2)
     >>> summary["metrics"]["accuracy"], summary["errors"]
-    (0.42, 1)
-    >>> print(format_table([{**summary, "program": "deepnote", "lm": "openai/gpt-4o-mini"}]))
+    (0.5, 0)
+    >>> print(format_table([{**summary, "program": "predict", "lm": "scripted"}]))
+    | program | dataset | LM | n | errors | Acc | F1 | EM | R-recall | LM calls/q | requests/q | ...
+    |---|...
+    | predict | hotpotqa | scripted | 2 | 0 | 50.0 | 50.0 | 50.0 | – | – | 1.00 | – | 0 | 0.00 | – |
 """
 
 from __future__ import annotations

@@ -8,8 +8,13 @@ GGUF file the user trusts; ``ragsuite serve --local`` starts one for other proce
 ``--api-base``.
 
 Example:
-    >>> endpoint = local_endpoint("local")            # starts (or reuses) the server
-    >>> lm = dspy.LM(f"openai/{endpoint.served_name}", api_base=endpoint.api_base, api_key="local")
+    The first call starts the server for this process; later calls reuse it:
+
+    >>> import dspy
+    >>> endpoint = local_endpoint("local")  # doctest: +SKIP
+    >>> lm = dspy.LM(  # doctest: +SKIP
+    ...     f"openai/{endpoint.served_name}", api_base=endpoint.api_base, api_key=endpoint.api_key
+    ... )
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ less room than ``max_tokens`` gets the room that is left (the server's rule, sta
 ``finish_reason: length``).
 
 Example:
-    >>> with LocalServer(resolve_model("local")) as server:
-    ...     lm = dspy.LM(f"openai/{server.served_name}", api_base=server.api_base, api_key="local")
+    >>> import dspy
+    >>> from ragsuite.local_lm.models import resolve_model
+    >>> with LocalServer(resolve_model("local")) as server:  # doctest: +SKIP
+    ...     lm = dspy.LM(f"openai/{server.served_name}", api_base=server.api_base, api_key=server.api_key)
 """
 
 from __future__ import annotations
@@ -203,7 +205,8 @@ class LocalServer:
             server in its environment, never on its command line or in a file.
 
     Example:
-        >>> with LocalServer(resolve_model("local"), parallel=2) as server:
+        >>> from ragsuite.local_lm.models import resolve_model
+        >>> with LocalServer(resolve_model("local"), parallel=2) as server:  # doctest: +SKIP
         ...     print(server.api_base)
         http://127.0.0.1:40123/v1
     """

@@ -604,8 +604,14 @@ class BM25Retriever:
         """The ids of :meth:`batch`'s passages, without reading their titles and texts: all that recall needs.
 
         Example:
-            >>> retriever.batch_ids(["Which river flows through Stettin?"], k=2)
-            [['p1', 'p2']]
+            >>> retriever = BM25Retriever(
+            ...     [Passage("p1", "Stettin", "Stettin is a port city on the Oder."),
+            ...      Passage("p2", "Oder", "The Oder is a river in Central Europe."),
+            ...      Passage("p3", "Baltic Sea", "An arm of the Atlantic.")],
+            ...     persist=False,
+            ... )
+            >>> retriever.batch_ids(["Which river flows through Stettin?", "Baltic"], k=1)
+            [['p1'], ['p3']]
         """
         return self._batch(queries, k, self._ids_of)
 

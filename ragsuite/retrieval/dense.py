@@ -86,10 +86,13 @@ class DenseRetriever:
             ``ef_construction``, ``ef_search``).
 
     Example:
-        >>> retriever = DenseRetriever.from_dataset("nq")
-        >>> retriever("who wrote the declaration of independence", 3)[0].title
+        Each line encodes a corpus with the packaged encoder (the ``dense`` extra):
+
+        >>> retriever = DenseRetriever.from_dataset("nq")  # doctest: +SKIP
+        >>> retriever("who wrote the declaration of independence", 3)[0].title  # doctest: +SKIP
         'United States Declaration of Independence'
-        >>> DenseRetriever.from_dataset("hotpotqa", index="hnsw", ef_search=128).describe()["index"]["type"]
+        >>> hnsw = DenseRetriever.from_dataset("hotpotqa", index="hnsw", ef_search=128)  # doctest: +SKIP
+        >>> hnsw.describe()["index"]["type"]  # doctest: +SKIP
         'hnsw'
     """
 

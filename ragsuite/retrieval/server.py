@@ -102,7 +102,8 @@ class RetrieverServer:
     Example:
         >>> from ragsuite.retrieval.bm25 import BM25Retriever
         >>> with RetrieverServer(BM25Retriever.from_dataset("hotpotqa")) as server:
-        ...     print(server.url)  # http://127.0.0.1:PORT/api/search
+        ...     print(server.url)
+        http://127.0.0.1:.../api/search
     """
 
     def __init__(

@@ -3,10 +3,14 @@ no LM: the members are queried once, deep enough for every setting tried, and ea
 those lists again (:meth:`~ragsuite.retrieval.hybrid.HybridRetriever.fuse`), so a trial costs milliseconds.
 
 Example:
-    >>> search = FusionSearch(build_retriever("hybrid:linear:bm25+dense", dataset="nq"))
-    >>> lists = member_lists(search.retriever, questions, depth=search.max_depth)
-    >>> result = sweep_fusion(search, lists, golds, metric="recall@5", trials=40)
-    >>> result.retriever.describe()["spec"]
+    With the ``dense`` extra, on NQ's ``questions`` and their gold passage ids ``golds``:
+
+    >>> from ragsuite.retrieval.hybrid import FusionSearch
+    >>> from ragsuite.retrieval.spec import build_retriever
+    >>> search = FusionSearch(build_retriever("hybrid:linear:bm25+dense", dataset="nq"))  # doctest: +SKIP
+    >>> lists = member_lists(search.retriever, questions, depth=search.max_depth)  # doctest: +SKIP
+    >>> result = sweep_fusion(search, lists, golds, metric="recall@5", trials=40)  # doctest: +SKIP
+    >>> result.retriever.describe()["spec"]  # doctest: +SKIP
     'hybrid:linear:bm25:nq@0.35+dense:nq@0.65'
 """
 

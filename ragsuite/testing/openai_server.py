@@ -17,7 +17,8 @@ Example:
     >>> import dspy
     >>> with LocalOpenAIServer(lambda req: {"answer": "Paris"}) as server:
     ...     lm = dspy.LM("openai/scripted", api_base=server.api_base, api_key="unused", cache=False)
-    ...     dspy.Predict("question -> answer", lm=lm)(question="Capital of France?").answer
+    ...     with dspy.context(lm=lm):
+    ...         dspy.Predict("question -> answer")(question="Capital of France?").answer
     'Paris'
 """
 

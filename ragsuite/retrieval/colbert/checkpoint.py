@@ -54,7 +54,8 @@ def build_tiny_checkpoint(
 
     Example:
         >>> from ragsuite.data.datasets import load_corpus
-        >>> ckpt = build_tiny_checkpoint(load_corpus("strategyqa")[:500], "/tmp/tiny-colbert")
+        >>> corpus = load_corpus("strategyqa")[:500]
+        >>> ckpt = build_tiny_checkpoint(corpus, "/tmp/tiny-colbert")  # doctest: +SKIP
     """
     if hidden_size % num_heads:
         raise ConfigError(f"hidden_size {hidden_size} must be a multiple of num_heads {num_heads}")

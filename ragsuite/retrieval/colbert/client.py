@@ -80,10 +80,12 @@ class ColBERTv2Client:
             survive first in a long retrieval text.
 
     Example:
+        A ColBERT server on port 8893 (``ragsuite serve-retriever``, or the authors' server):
+
         >>> client = ColBERTv2Client("http://127.0.0.1:8893/api/search", timeout=5.0)
-        >>> client.health()["status"]
+        >>> client.health()["status"]  # doctest: +SKIP
         'ok'
-        >>> client("Who wrote Hamlet?", 3)[0].title
+        >>> client("Who wrote Hamlet?", 3)[0].title  # doctest: +SKIP
         'Hamlet'
     """
 
