@@ -121,8 +121,11 @@ DOCS_START, DOCS_END = "<!-- fusion-table:start -->", "<!-- fusion-table:end -->
 #: A fusion is "at its best member" within this much recall.
 SLACK = 0.005
 ALPHAS = [round(0.05 * i, 2) for i in range(21)]
-#: The RRF constants the default fit tries with each alpha.
-RRF_KS = (0, 5, 10, 20, 40, 60)
+#: The settings the default fit tries with each alpha: per mode, (rrf_k or norm) x depth.
+FIT_GRID = {
+    "rrf": [{"rrf_k": k, "depth": d} for k in (0, 5, 10, 20, 40, 60) for d in (20, 30, 50)],
+    "linear": [{"norm": n, "depth": d} for n in ("minmax", "zscore") for d in (20, 30, 50)],
+}
 
 
 def fit_half(example_id: str) -> bool:
@@ -222,12 +225,12 @@ def fit_defaults(fits: Sequence[dict]) -> dict:
     margin), checked on the held-out halves."""
     from ragsuite.retrieval.sweep import fused_metrics
 
-    def margins(mode: str, alpha: float, rrf_k: int, half: bool) -> list[float]:
+    def margins(mode: str, alpha: float, settings: dict, half: bool) -> list[float]:
         out = []
         for f in fits:
             mask = [x == half for x in f["fit"]]
             lists, golds = _pick(f["lists"], mask), _pick(f["golds"], mask)
-            hybrid = f["hybrids"][mode].with_fusion(weights=[round(1 - alpha, 12), alpha], rrf_k=rrf_k)
+            hybrid = f["hybrids"][mode].with_fusion(weights=[round(1 - alpha, 12), alpha], **settings)
             fused = fused_metrics(hybrid, lists, golds, (5, 10))
             members = [
                 _recalls([[p.id for p in per[i][:K]] for per in lists], golds) for i in range(len(MEMBERS))
@@ -236,18 +239,17 @@ def fit_defaults(fits: Sequence[dict]) -> dict:
         return out
 
     fitted = {}
-    for mode in ("rrf", "linear"):
-        ks = RRF_KS if mode == "rrf" else (60,)  # linear has no rrf_k
-        scored = [((alpha, k), margins(mode, alpha, k, True)) for k in ks for alpha in ALPHAS]
-        (alpha, rrf_k), fit_margins = max(scored, key=lambda am: (min(am[1]), statistics.fmean(am[1])))
+    for mode, grid in FIT_GRID.items():
+        scored = [
+            (alpha, settings, margins(mode, alpha, settings, True)) for settings in grid for alpha in ALPHAS
+        ]
+        alpha, settings, fit_margins = max(scored, key=lambda s: (min(s[2]), statistics.fmean(s[2])))
         fitted[mode] = {
             "alpha": alpha,
-            **({"rrf_k": rrf_k} if mode == "rrf" else {}),
+            "settings": settings,
             "fit_margins": fit_margins,
-            "held_out_margins": margins(mode, alpha, rrf_k, False),
-            "grid": [
-                {"alpha": a, "rrf_k": k, "worst": min(m), "mean": statistics.fmean(m)} for (a, k), m in scored
-            ],
+            "held_out_margins": margins(mode, alpha, settings, False),
+            "grid": [{"alpha": a, **st, "worst": min(m), "mean": statistics.fmean(m)} for a, st, m in scored],
         }
     return fitted
 
@@ -313,17 +315,18 @@ def fusion_markdown(run: dict) -> str:
     fit = run["defaults"]
     lines += [
         "",
-        "The defaults (BM25 weighted 1 - alpha, dense alpha), fitted on the fit halves: the alpha (and for "
-        "RRF the rrf_k) whose worst margin over the better member (recall@5 or @10, any dataset) is largest:",
+        "The defaults (BM25 weighted 1 - alpha, dense alpha), fitted on the fit halves: the alpha, rrf_k or "
+        "norm, and depth whose worst margin over the better member (recall@5 or @10, any dataset) is "
+        "largest:",
         "",
-        "| fusion | alpha | rrf_k | worst margin, fit halves | worst margin, held-out halves |",
-        "|---|---:|---:|---:|---:|",
+        "| fusion | alpha | settings | worst margin, fit halves | worst margin, held-out halves |",
+        "|---|---:|---|---:|---:|",
     ]
     for mode in ("rrf", "linear"):
         f = fit[mode]
         worst_fit, worst_held = min(f["fit_margins"]), min(f["held_out_margins"])
-        rrf_k = f.get("rrf_k", "–")
-        lines.append(f"| {mode} | {f['alpha']:.2f} | {rrf_k} | {worst_fit:+.3f} | {worst_held:+.3f} |")
+        shown = ", ".join(f"{k}={v}" for k, v in f["settings"].items())
+        lines.append(f"| {mode} | {f['alpha']:.2f} | {shown} | {worst_fit:+.3f} | {worst_held:+.3f} |")
     lines += ["", "Tuned settings per dataset (Optuna, recall@5 on the fit half):", ""]
     lines += ["| dataset | RRF tuned | linear tuned |", "|---|---|---|"]
     for r in records:
@@ -376,12 +379,12 @@ def fusion_run(
         )
         records.append(record)
         fits.append(fit)
-    from ragsuite.retrieval.hybrid import DEFAULT_RRF_K, DEFAULT_WEIGHTS
+    from ragsuite.retrieval.hybrid import DEFAULT_SETTINGS, DEFAULT_WEIGHTS
 
     return {
         "datasets": records,
         "defaults": fit_defaults(fits),
-        "library_defaults": {"weights": DEFAULT_WEIGHTS, "rrf_k": DEFAULT_RRF_K},
+        "library_defaults": {"weights": DEFAULT_WEIGHTS, "settings": DEFAULT_SETTINGS},
         "trials": trials,
         "seed": seed,
         "repeats": repeats,

@@ -493,3 +493,18 @@ def test_a_tune_study_searches_the_fusion_weights(tmp_path):
             quality_metric="accuracy",
             tune_retriever=True,
         )
+
+
+def test_a_modes_default_settings_apply_and_specs_name_only_departures(monkeypatch):
+    from ragsuite.retrieval import hybrid as hybrid_module
+    from ragsuite.retrieval.hybrid import parse_hybrid_spec
+
+    monkeypatch.setitem(hybrid_module.DEFAULT_SETTINGS, "linear", {"norm": "zscore", "depth": 30})
+    members = [Fixed(["a"], name="bm25:nq"), Fixed(["b"], name="dense:nq")]
+    linear = HybridRetriever(members, mode="linear", weights=[1, 1])
+    assert (linear.norm, linear.depth) == ("zscore", 30)
+    assert linear.describe()["spec"] == "hybrid:linear:bm25:nq+dense:nq"
+    other = HybridRetriever(members, mode="linear", weights=[1, 1], norm="minmax", depth=50)
+    assert other.describe()["spec"] == "hybrid:linear:bm25:nq+dense:nq:norm=minmax:depth=50"
+    assert parse_hybrid_spec(other.describe()["spec"])[3] == {"norm": "minmax", "depth": 50}
+    assert HybridRetriever(members, mode="rrf", weights=[1, 1]).depth == 50  # other modes keep theirs

@@ -46,6 +46,23 @@ DEFAULT_WEIGHTS: dict[str, dict[str, float]] = {
     "linear": {"bm25": 1.0, "dense": 1.0},
 }
 
+#: A mode's settings when none are given, over the general defaults above (fitted with the weights).
+DEFAULT_SETTINGS: dict[str, dict[str, Any]] = {
+    "rrf": {"rrf_k": DEFAULT_RRF_K, "depth": DEFAULT_DEPTH},
+    "linear": {"norm": DEFAULT_NORM, "depth": DEFAULT_DEPTH},
+}
+
+
+def mode_defaults(mode: str) -> dict[str, Any]:
+    """``rrf_k``, ``norm`` and ``depth`` of a hybrid of ``mode`` built without them."""
+    return {
+        "rrf_k": DEFAULT_RRF_K,
+        "norm": DEFAULT_NORM,
+        "depth": DEFAULT_DEPTH,
+        **DEFAULT_SETTINGS.get(mode, {}),
+    }
+
+
 #: Fusion settings a spec may give after its members, as ``:KEY=VALUE``.
 SPEC_OPTIONS = ("alpha", "rrf_k", "depth", "norm")
 
@@ -60,12 +77,13 @@ class HybridRetriever:
             ``"linear"`` by the weighted mean of each member's scores normalized per query (``norm``).
         weights: One non-negative weight per member for ``rrf`` and ``linear`` (only their ratios matter);
             ``None``: each member's default for its kind (:data:`DEFAULT_WEIGHTS`). Interleave takes none.
-        rrf_k: The RRF constant.
-        norm: ``linear``'s per-query normalization of a member's scores, ``minmax`` or ``zscore``.
+        rrf_k: The RRF constant; ``None``: the mode's default (:func:`mode_defaults`).
+        norm: ``linear``'s per-query normalization of a member's scores, ``minmax`` or ``zscore``; ``None``:
+            the mode's default.
         depth: How many passages to ask each member for, whatever ``k`` is (``max(k, depth)``; a member
             with a ``max_k`` limit, like a ColBERT server, is asked for at most that). Fusing from a fixed
             depth makes the top 5 of ``retriever(q, 10)`` the same as ``retriever(q, 5)``, so recall@k is
-            one number whatever else is asked.
+            one number whatever else is asked. ``None``: the mode's default.
 
     Example:
         >>> from ragsuite.retrieval.bm25 import BM25Retriever
@@ -83,14 +101,18 @@ class HybridRetriever:
         *,
         mode: MergeMode = "interleave",
         weights: Sequence[float] | None = None,
-        rrf_k: int = DEFAULT_RRF_K,
-        norm: str = DEFAULT_NORM,
-        depth: int = DEFAULT_DEPTH,
+        rrf_k: int | None = None,
+        norm: str | None = None,
+        depth: int | None = None,
     ) -> None:
         if not retrievers:
             raise ConfigError("HybridRetriever needs at least one member retriever")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        defaults = mode_defaults(mode)
+        rrf_k = defaults["rrf_k"] if rrf_k is None else rrf_k
+        norm = defaults["norm"] if norm is None else norm
+        depth = defaults["depth"] if depth is None else depth
         if isinstance(rrf_k, bool) or not isinstance(rrf_k, int) or rrf_k < 0:
             raise ConfigError(f"rrf_k must be an integer >= 0, not {rrf_k!r}")
         if norm not in NORMS:
@@ -240,12 +262,12 @@ def format_hybrid_spec(
     members: Sequence[str],
     *,
     weights: Sequence[float] | None = None,
-    rrf_k: int = DEFAULT_RRF_K,
-    norm: str = DEFAULT_NORM,
-    depth: int = DEFAULT_DEPTH,
+    rrf_k: int | None = None,
+    norm: str | None = None,
+    depth: int | None = None,
 ) -> str:
     """The spec of a hybrid: weights as ``@W`` after each member unless all are 1, then the settings that
-    differ from the defaults as ``:KEY=VALUE``.
+    differ from the mode's defaults (:func:`mode_defaults`) as ``:KEY=VALUE``.
 
     Example:
         >>> format_hybrid_spec("rrf", ["bm25:nq", "dense:nq"], weights=[0.3, 0.7], rrf_k=20)
@@ -256,12 +278,13 @@ def format_hybrid_spec(
         f"{spec}@{_number(w)}" if weighted else spec
         for spec, w in zip(members, weights or [1.0] * len(members), strict=True)
     ]
+    defaults = mode_defaults(mode)
     options = []
-    if mode == "rrf" and rrf_k != DEFAULT_RRF_K:
+    if mode == "rrf" and rrf_k is not None and rrf_k != defaults["rrf_k"]:
         options.append(f"rrf_k={rrf_k}")
-    if mode == "linear" and norm != DEFAULT_NORM:
+    if mode == "linear" and norm is not None and norm != defaults["norm"]:
         options.append(f"norm={norm}")
-    if depth != DEFAULT_DEPTH:
+    if depth is not None and depth != defaults["depth"]:
         options.append(f"depth={depth}")
     return f"hybrid:{mode}:" + "+".join(parts) + "".join(f":{o}" for o in options)
 
