@@ -137,6 +137,35 @@ def test_the_readme_and_getting_started_give_the_same_set_up_command() -> None:
     assert first_command(ROOT / "README.md") == first_command(ROOT / "docs" / "getting-started.md")
 
 
+def set_up_problems(readme: str, ci_script: str) -> list[str]:
+    """What is wrong with the README's set-up section: each command alone in its block, what it prints in a
+    text block right under it, the test command exactly ``.ci/run``'s, no measurements in between."""
+    setup = readme.split("## Set up and run", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)\n```", setup, re.DOTALL)
+    problems = []
+    for command in ("pip install", "ragsuite serve --local --build", "ragsuite eval --program deepnote"):
+        found = [i for i, (language, code) in enumerate(blocks) if language == "bash" and command in code]
+        if not found:
+            problems.append(f"no command with {command!r}")
+            continue
+        i = found[0]
+        if "&& .venv/bin/ragsuite" in blocks[i][1] or len(blocks[i][1].splitlines()) != 1:
+            problems.append(f"{command!r} shares its line or block with another command")
+        if i + 1 >= len(blocks) or blocks[i + 1][0] != "text":
+            problems.append(f"no output shown right under {command!r}")
+    test_command = re.search(r"^(\.venv/bin/python -m pytest.*)$", ci_script, re.MULTILINE).group(1)
+    if ("bash", test_command) not in blocks:
+        problems.append(f"the test command is not .ci/run's ({test_command})")
+    if re.search(r"\bMeasured\b|\d+ s per", setup):
+        problems.append("measurements in the set-up section (they belong in the docs)")
+    return problems
+
+
+def test_the_readme_shows_each_set_up_command_with_what_it_prints() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert set_up_problems(readme, (ROOT / ".ci" / "run").read_text(encoding="utf-8")) == []
+
+
 def test_the_pareto_example_runs_on_the_fixtures_and_writes_only_under_out(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the plot needs the plot extra: " + install_hint("plot"))
     committed = ROOT / "docs" / "pareto.png"
