@@ -31,33 +31,25 @@ runs NoteCompare, is sampled at temperature 1.0, top_p 0.9, up to 1,280 tokens (
 are ``ragsuite align build``'s defaults (``--max-tokens``, ``--judge-temperature``, ``--judge-top-p``,
 ``--judge-max-tokens``).
 
-Differences from the original (paper says / code does / ragsuite does / why):
+Differences from the original (what the paper or the official script does; what ragsuite does, and why):
 
-* **top-k**: the paper says "multiple top-k values" (3, 5, 7 in its Table 9) / the script draws
-  ``randint(3, 9)`` / ragsuite draws from ``top_ks``, default 3, 5, 7 (``--top-k 3,4,5,6,7,8,9`` for the
-  script's) / the paper's table is what was reported.
-* **the chosen reply parses**: the paper and script have no reply format / every raw reply may be chosen /
-  a reply that breaks the stage's DSPy format is judged, labelled and may be rejected, but a pair whose
-  chosen reply breaks it is dropped ("the chosen reply breaks the stage's format"), and a random draw picks
-  its chosen reply among the replies that parse / training towards replies the program cannot read would
-  teach the model to break its own prompts.
-* **JSON-adapter retries**: no such retry in the script (every pair's replies answer one prompt) / - / a
-  reply that only DSPy's JSON-adapter retry parsed keeps the retry's prompt (the one it answered), and a
-  pair holds two replies to one prompt: a judged pair whose chosen and rejected replies answered different
-  prompts (one the retry's, one the stage's own) is dropped ("the chosen and rejected replies answer
-  different prompts"), and a random draw takes its rejected reply among those that answered the chosen
-  reply's prompt / a reply belongs with the prompt that produced it, and DPO compares two replies under one
-  prompt; rewriting the rejected reply in the other prompt's format would train on text the LM never wrote.
-* **empty replies**: the script draws a pair's replies at random and then drops the pair when the drawn
-  one is empty / ragsuite leaves empty replies out of the draw / the script's draw loses pairs by chance.
-* **NoteCompare's reference note**: the paper compares each update with the question's best note / the
-  script compares every question's updates in a batch with the best note of the batch's *last* question (a
-  loop variable left over) / ragsuite compares with the question's own note / the paper's intent.
-* **unparsable NoteCompare**: the script counts a reply as better when "true" appears anywhere in it /
-  ragsuite counts an unparsable verdict as not better / the same fallback as DeepNote's inference.
-* **gold aliases**: the script compares with 2Wiki's single answer / ragsuite applies the string rules to
-  every alias of the example (any alias may make a reply chosen or keep it from rejection) / datasets with
-  aliases.
+* **top-k**: the script draws ``randint(3, 9)``; ragsuite draws from ``top_ks``, default the paper's 3, 5, 7
+  (its Table 9; ``--top-k 3,4,5,6,7,8,9`` gives the script's).
+* **the chosen reply parses**: the originals have no reply format. A reply that breaks the stage's DSPy
+  format may be rejected, never chosen: such a pair is dropped, and a random draw picks its chosen reply among
+  those that parse, so the model is not trained towards replies the program cannot read.
+* **JSON-adapter retries**: a reply that only DSPy's JSON-adapter retry parsed keeps the retry's prompt, and
+  a pair holds two replies to one prompt: a judged pair whose replies answered different prompts is dropped,
+  and a random draw takes its rejected reply among those on the chosen reply's prompt (DPO compares two
+  replies under one prompt).
+* **empty replies**: the script drops a pair when its randomly drawn reply is empty; ragsuite leaves empty
+  replies out of the draw, so no pair is lost by chance.
+* **NoteCompare's reference note**: the script compares a batch's updates with the best note of the batch's
+  last question (a leftover loop variable); ragsuite uses the question's own note, as the paper says.
+* **unparsable NoteCompare**: the script counts a reply as better when "true" appears anywhere in it;
+  ragsuite counts it as not better, DeepNote's inference fallback.
+* **gold aliases**: the script compares with 2Wiki's single answer; ragsuite applies the string rules to
+  every alias of the example.
 
 Every question's pairs are appended to ``records.jsonl`` the moment it finishes, so a build resumes like
 ``ragsuite eval``; at the end the per-stage counts are drawn (the paper keeps 1,900 / 1,900 / 1,900 / 300 of
