@@ -333,10 +333,12 @@ def build_lm(
         LMEndpointError: with ``check=True``, when the server is unreachable or does not serve the model.
 
     Example:
-        >>> lm = build_lm("openai/gpt-4o-mini")          # needs OPENAI_API_KEY
+        >>> lm = build_lm("openai/gpt-4o-mini")  # needs OPENAI_API_KEY  # doctest: +SKIP
         >>> lm = build_lm("openai/llama", api_base="http://127.0.0.1:8000/v1")
+        >>> lm.model
+        'openai/llama'
         >>> lm = build_lm("openai/llama", api_base="http://gpu-1:8000/v1,http://gpu-2:8000/v1")
-        >>> lm = build_lm("local")                      # the embedded local model, no key
+        >>> lm = build_lm("local")  # the embedded local model  # doctest: +SKIP
     """
 
     use_bundled_model_metadata()  # no download of a price map from a host the user did not name
@@ -614,7 +616,13 @@ def set_stage_lms(program: dspy.Module, stage_lms: Mapping[str, dspy.BaseLM]) ->
         ConfigError: a stage the program does not have (the message lists the ones it has).
 
     Example:
-        >>> set_stage_lms(program, {"route": build_lm("vllm:small"), "answer": build_lm("openai/gpt-4o")})
+        >>> from ragsuite import programs
+        >>> program = programs.get("hanrag")()
+        >>> small = build_lm("openai/small", api_base="http://127.0.0.1:8000/v1")
+        >>> set_stage_lms(program, {"route": small})  # the stages set, with the predictors they reached
+        {'route': ['route']}
+        >>> program.route.lm is small
+        True
     """
     by_stage: dict[str, list[tuple[str, Any]]] = {}
     for name, predictor in program.named_predictors():

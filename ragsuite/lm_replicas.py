@@ -24,7 +24,7 @@ reads the error; routing and failover stay the Router's.
 
 ``least-busy`` rather than LiteLLM's default ``simple-shuffle``: with 64 eval threads over 4 replicas that
 each serve 4 requests at once, least-busy reached 0.96 of linear where random choice let queues grow on some
-replicas while others idled (0.92); ``benchmarks/replicas.py --routing simple-shuffle``, ``docs/replicas.md``.
+replicas while others idled (0.92); ``benchmarks/replicas.py --routing simple-shuffle``, ``docs/lms.md``.
 
 The Router is DSPy's engine for the LM (``dspy.LM(engine=...)``, one Router call per DSPy attempt), so DSPy's
 response cache, history, usage tracking and the request ledger work as for one server. Cached answers belong
@@ -33,7 +33,7 @@ to the set of replicas (not to one of them): any replica may have answered.
 Every replica gets the same key (``--api-key-env``, or a placeholder); it is sent only to the replicas given.
 A replica's ``user:password@`` becomes that replica's own basic ``Authorization`` header.
 
-Tested with litellm 1.106.2 and 1.110.2, the range ``pyproject.toml`` allows (``docs/replicas.md``).
+Tested with litellm 1.106.2 and 1.110.2, the range ``pyproject.toml`` allows (``docs/lms.md``).
 
 Differences from the earlier Router setup (private hooks, gone in litellm 1.110):
     Earlier version did: replaced two private Router methods, so a retry skipped the replica that had just

@@ -29,8 +29,6 @@ _MARK = "mark the example `# doctest: +SKIP`"
 # Examples known to be stale in modules whose owners are changing them; strict, so that a fixed module fails
 # here until its entry is removed.
 KNOWN_STALE: dict[str, str] = {
-    "ragsuite.lm": "build_lm's example needs OPENAI_API_KEY and starts the local LM; set_stage_lms's uses an "
-    "undefined program",
     "ragsuite.retrieval.hybrid": "FusionSearch's example uses undefined names; HybridRetriever's needs a "
     "ColBERT server",
 }
