@@ -249,7 +249,7 @@ def fit_defaults(fits: Sequence[dict]) -> dict:
             "settings": settings,
             "fit_margins": fit_margins,
             "held_out_margins": margins(mode, alpha, settings, False),
-            "grid": [{"alpha": a, **st, "worst": min(m), "mean": statistics.fmean(m)} for a, st, m in scored],
+            "tried": len(scored),
         }
     return fitted
 

@@ -118,12 +118,12 @@ def test_retrieve_eval_sweeps_fusion_weights_and_the_frozen_spec_reproduces_them
     """A hybrid of the NQ index and an unrelated one, weighted towards the unrelated one: the sweep moves the
     weight to the NQ member, and retrieve-eval with the spec it prints scores exactly what the sweep said."""
     common = ["--dataset", "nq", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path), "--json"]
-    given = "hybrid:rrf:bm25:nq@0.1+bm25:hotpotqa@0.9:rrf_k=0"
+    given = "hybrid:rrf:bm25:nq@0.1+bm25:hotpotqa@0.9:rrf_k=10"
     swept = run_json(
         capsys, ["retrieve-eval", *common, "--retriever", given, "--sweep", "12", "--k", "5", "10"]
     )
     assert swept["metric"] == "recall@5" and swept["trials"] == 12
-    assert swept["given"]["spec"] == "hybrid:rrf:bm25:nq@0.1+bm25:hotpotqa@0.9:rrf_k=0"
+    assert swept["given"]["spec"] == "hybrid:rrf:bm25:nq@0.1+bm25:hotpotqa@0.9:rrf_k=10"
     assert swept["recall@5"] > swept["given"]["recall@5"]
     from ragsuite.retrieval.hybrid import parse_hybrid_spec
 

@@ -500,11 +500,43 @@ def test_a_modes_default_settings_apply_and_specs_name_only_departures(monkeypat
     from ragsuite.retrieval.hybrid import parse_hybrid_spec
 
     monkeypatch.setitem(hybrid_module.DEFAULT_SETTINGS, "linear", {"norm": "zscore", "depth": 30})
-    members = [Fixed(["a"], name="bm25:nq"), Fixed(["b"], name="dense:nq")]
+    monkeypatch.setitem(hybrid_module.DEFAULT_SETTINGS, "rrf", {"rrf_k": 5, "depth": 20})
+    monkeypatch.setitem(hybrid_module.DEFAULT_WEIGHTS, "linear", {"sparse": 0.5, "dense": 0.5})
+    members = [
+        Scored([("a", 1.0)], name="bm25:nq", kind="sparse"),
+        Scored([("b", 1.0)], name="dense:nq", kind="dense"),
+    ]
     linear = HybridRetriever(members, mode="linear", weights=[1, 1])
     assert (linear.norm, linear.depth) == ("zscore", 30)
     assert linear.describe()["spec"] == "hybrid:linear:bm25:nq+dense:nq"
     other = HybridRetriever(members, mode="linear", weights=[1, 1], norm="minmax", depth=50)
     assert other.describe()["spec"] == "hybrid:linear:bm25:nq+dense:nq:norm=minmax:depth=50"
     assert parse_hybrid_spec(other.describe()["spec"])[3] == {"norm": "minmax", "depth": 50}
-    assert HybridRetriever(members, mode="rrf", weights=[1, 1]).depth == 50  # other modes keep theirs
+    # Settings fitted for some member kinds do not apply to others: general defaults there.
+    unfitted = HybridRetriever([members[0], Fixed(["c"])], mode="linear", weights=[1, 1])
+    assert (unfitted.norm, unfitted.depth) == ("minmax", 50)
+    assert HybridRetriever(members, mode="rrf", weights=[1, 1]).depth == 50  # no rrf weights fitted here
+
+
+def test_the_docs_fusion_tables_are_those_of_the_committed_run_and_its_defaults_are_shipped():
+    """docs/retrieval.md shows the tables ``benchmarks/retrieval.py --render`` draws from the committed
+    records, and the library's default weights and settings are the ones that run fitted."""
+    import json
+    from pathlib import Path
+
+    from benchmark_scripts import load_benchmark
+
+    from ragsuite.retrieval.hybrid import DEFAULT_WEIGHTS, mode_defaults
+
+    root = Path(__file__).resolve().parents[1]
+    bench = load_benchmark("retrieval")
+    run = json.loads((root / "benchmarks" / "results" / "fusion.json").read_text(encoding="utf-8"))
+    page = (root / "docs" / "retrieval.md").read_text(encoding="utf-8")
+    assert f"{bench.DOCS_START}\n{bench.fusion_markdown(run)}\n{bench.DOCS_END}" in page
+    for mode in ("rrf", "linear"):
+        fitted = run["defaults"][mode]
+        alpha = fitted["alpha"]
+        assert DEFAULT_WEIGHTS[mode] == pytest.approx({"bm25": 1 - alpha, "dense": alpha})
+        shipped = mode_defaults(mode, ["bm25", "dense"])
+        assert {k: shipped[k] for k in fitted["settings"]} == fitted["settings"]
+        assert run["library_defaults"]["weights"][mode] == pytest.approx(DEFAULT_WEIGHTS[mode])

@@ -42,25 +42,26 @@ DEFAULT_NORM = "minmax"
 #: kinds not listed weigh 1. Fitted on half of every dev split's questions and checked on the other half
 #: (``benchmarks/retrieval.py --hybrid``; docs/retrieval.md shows the run).
 DEFAULT_WEIGHTS: dict[str, dict[str, float]] = {
-    "rrf": {"bm25": 1.0, "dense": 1.0},
-    "linear": {"bm25": 1.0, "dense": 1.0},
+    "rrf": {"bm25": 0.4, "dense": 0.6},
+    "linear": {"bm25": 0.5, "dense": 0.5},
 }
 
-#: A mode's settings when none are given, over the general defaults above (fitted with the weights).
+#: A mode's settings when none are given, fitted with :data:`DEFAULT_WEIGHTS`: they apply over the general
+#: defaults above to hybrids whose every member kind has a fitted weight (BM25 + dense), not to others.
 DEFAULT_SETTINGS: dict[str, dict[str, Any]] = {
-    "rrf": {"rrf_k": DEFAULT_RRF_K, "depth": DEFAULT_DEPTH},
-    "linear": {"norm": DEFAULT_NORM, "depth": DEFAULT_DEPTH},
+    "rrf": {"rrf_k": 0, "depth": 30},
+    "linear": {"norm": "zscore", "depth": DEFAULT_DEPTH},
 }
 
 
-def mode_defaults(mode: str) -> dict[str, Any]:
-    """``rrf_k``, ``norm`` and ``depth`` of a hybrid of ``mode`` built without them."""
-    return {
-        "rrf_k": DEFAULT_RRF_K,
-        "norm": DEFAULT_NORM,
-        "depth": DEFAULT_DEPTH,
-        **DEFAULT_SETTINGS.get(mode, {}),
-    }
+def mode_defaults(mode: str, kinds: Sequence[Any] = ()) -> dict[str, Any]:
+    """``rrf_k``, ``norm`` and ``depth`` of a hybrid of ``mode`` over members of these kinds built without
+    them: the mode's fitted settings where every kind has a fitted weight, else the general defaults."""
+    defaults: dict[str, Any] = {"rrf_k": DEFAULT_RRF_K, "norm": DEFAULT_NORM, "depth": DEFAULT_DEPTH}
+    fitted = DEFAULT_WEIGHTS.get(mode, {})
+    if kinds and all(str(kind) in fitted for kind in kinds):
+        defaults.update(DEFAULT_SETTINGS.get(mode, {}))
+    return defaults
 
 
 #: Fusion settings a spec may give after its members, as ``:KEY=VALUE``.
@@ -109,7 +110,9 @@ class HybridRetriever:
             raise ConfigError("HybridRetriever needs at least one member retriever")
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-        defaults = mode_defaults(mode)
+        self._members = [r.describe() for r in retrievers]
+        self.kinds = [m.get("kind") for m in self._members]
+        defaults = mode_defaults(mode, self.kinds)
         rrf_k = defaults["rrf_k"] if rrf_k is None else rrf_k
         norm = defaults["norm"] if norm is None else norm
         depth = defaults["depth"] if depth is None else depth
@@ -124,7 +127,6 @@ class HybridRetriever:
         self.rrf_k = rrf_k
         self.norm = norm
         self.depth = depth
-        self._members = [r.describe() for r in self.retrievers]
         if mode == "interleave":
             if weights is not None:
                 raise ConfigError(
@@ -222,6 +224,7 @@ class HybridRetriever:
                 rrf_k=self.rrf_k,
                 norm=self.norm,
                 depth=self.depth,
+                kinds=[m.get("kind") for m in members],
             ),
             "mode": self.mode,
             "weights": self.weights,
@@ -265,9 +268,11 @@ def format_hybrid_spec(
     rrf_k: int | None = None,
     norm: str | None = None,
     depth: int | None = None,
+    kinds: Sequence[Any] = (),
 ) -> str:
     """The spec of a hybrid: weights as ``@W`` after each member unless all are 1, then the settings that
-    differ from the mode's defaults (:func:`mode_defaults`) as ``:KEY=VALUE``.
+    differ from the defaults for the mode and these member kinds (:func:`mode_defaults`) as
+    ``:KEY=VALUE``.
 
     Example:
         >>> format_hybrid_spec("rrf", ["bm25:nq", "dense:nq"], weights=[0.3, 0.7], rrf_k=20)
@@ -278,7 +283,7 @@ def format_hybrid_spec(
         f"{spec}@{_number(w)}" if weighted else spec
         for spec, w in zip(members, weights or [1.0] * len(members), strict=True)
     ]
-    defaults = mode_defaults(mode)
+    defaults = mode_defaults(mode, kinds)
     options = []
     if mode == "rrf" and rrf_k is not None and rrf_k != defaults["rrf_k"]:
         options.append(f"rrf_k={rrf_k}")

@@ -234,7 +234,8 @@ def _legacy_hybrid_spec(spec: str, description: Mapping[str, Any]) -> str:
     for key in ("rrf_k", "depth"):
         if isinstance(description.get(key), int):
             settings.setdefault(key, description[key])
-    return format_hybrid_spec(mode, members, **settings)
+    kinds = [m.get("kind") for m in description.get("members") or [] if isinstance(m, Mapping)]
+    return format_hybrid_spec(mode, members, kinds=kinds, **settings)
 
 
 def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -255,7 +256,11 @@ def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:
 
                 mode, _, weights, settings = parse_hybrid_spec(str(node["spec"]))
                 node["spec"] = format_hybrid_spec(
-                    mode, [str(m["spec"]) for m in node["members"]], weights=weights, **settings
+                    mode,
+                    [str(m["spec"]) for m in node["members"]],
+                    weights=weights,
+                    kinds=[m.get("kind") for m in node["members"]],
+                    **settings,
                 )
         if node.get("corpus_path"):
             saved.append(str(node.get("corpus_sha256")))
