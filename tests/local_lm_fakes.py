@@ -129,7 +129,7 @@ class Handler(BaseHTTPRequestHandler):
             with open(os.environ["FAKE_REQUESTS"], "a") as log:
                 log.write(json.dumps(body) + "\n")
         prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
-        ctx = int(args.ctx_size)
+        ctx = int(args.ctx_size) // int(args.parallel or 1)  # llama-server splits its window among slots
         if prompt > ctx:  # llama-server's own refusal of a prompt longer than its window
             message = f"request ({{prompt}} tokens) exceeds the available context size ({{ctx}} tokens)"
             error = {{"code": 400, "message": message, "type": "exceed_context_size_error"}}

@@ -128,14 +128,21 @@ def test_settings_come_from_the_model_and_the_machine(tmp_path: Path, cache: Pat
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf', context_length=32768)}")
     monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 5)
     settings = plan_settings(model, parallel=2)
-    # The context is capped; the server's threads (all its slots decode together in one batch on them) are
-    # the usable cores, whatever the number of slots; by default there is one slot per core.
-    assert (settings.ctx, settings.threads, settings.parallel) == (8192, 5, 2)
-    assert plan_settings(model, parallel=8).threads == 5
-    assert (plan_settings(model).parallel, plan_settings(model).threads) == (5, 5)
-    assert plan_settings(model, threads=1, parallel=1).public() == {"parallel": 1, "ctx": 8192, "threads": 1}
+    # The context is capped; the server's threads (all its slots decode together in one batch on them) come
+    # from the usable cores, whatever the number of slots: every core reads prompts, half of them generate.
+    assert (settings.ctx, settings.batch_threads, settings.threads, settings.parallel) == (8192, 5, 2, 2)
+    assert plan_settings(model).public() == {"parallel": 5, "ctx": 8192, "threads": 2, "batch_threads": 5}
+    # --local-threads N sets both.
+    assert plan_settings(model, threads=3).public() == {
+        "parallel": 5,
+        "ctx": 8192,
+        "threads": 3,
+        "batch_threads": 3,
+    }
+    monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 2)
+    assert plan_settings(model).public() == {"parallel": 2, "ctx": 8192, "threads": 1, "batch_threads": 2}
     monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 1)
-    assert (plan_settings(model).threads, plan_settings(model).parallel) == (1, 1)
+    assert plan_settings(model).public() == {"parallel": 1, "ctx": 8192, "threads": 1, "batch_threads": 1}
     small = resolve_model(f"local:{tiny_model(tmp_path / 's.gguf', context_length=2048)}")
     assert plan_settings(small).ctx == 2048
     with pytest.raises(ConfigError, match="larger than the 2,048 tokens"):
@@ -385,7 +392,8 @@ def test_a_prompt_longer_than_the_window_is_refused_with_the_flag_to_raise_and_t
     from ragsuite.local_lm import server as local_servers
 
     try:
-        code = main([*command, "--local-ctx", "256", "--no-cache", "--no-progress", "--out", str(out)])
+        code = main([*command, "--local-ctx", "256", "--local-parallel", "2", "--no-cache", "--no-progress",
+                     "--out", str(out)])  # fmt: skip
         assert not local_servers._servers  # the command stopped the server it started
     finally:
         local_servers.stop_shared_servers()

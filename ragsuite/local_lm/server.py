@@ -17,8 +17,9 @@ talks to vLLM:
 
 Settings come from the model and the machine: the context window per slot is the model's trained context
 capped at 8,192 tokens (a CPU run never needs more, and the KV cache stays small), and the server gets the
-cores the process may use, with one slot per core. The threads are the server's, not a slot's:
-llama-server decodes every busy slot in one batch on all its threads. A prompt longer than
+cores the process may use, with one slot per core: prompts are read on every core and tokens generated on
+half of them (see :func:`plan_settings`). The threads are the server's, not a slot's: llama-server decodes
+every busy slot in one batch on all its threads. A prompt longer than
 the window is refused by the server with an error that names ``--local-ctx``; a prompt that fits but leaves
 less room than ``max_tokens`` gets the room that is left (the server's rule, stated in the reply's
 ``finish_reason: length``).
@@ -72,14 +73,21 @@ class LocalServerError(RagsuiteError, RuntimeError):
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How the server runs: slots in parallel, context tokens per slot, CPU threads of the whole server."""
+    """How the server runs: slots in parallel, context tokens per slot, and the whole server's CPU threads for
+    generating tokens (``threads``) and for reading prompts (``batch_threads``)."""
 
     parallel: int
     ctx: int
     threads: int
+    batch_threads: int
 
     def public(self) -> dict[str, int]:
-        return {"parallel": self.parallel, "ctx": self.ctx, "threads": self.threads}
+        return {
+            "parallel": self.parallel,
+            "ctx": self.ctx,
+            "threads": self.threads,
+            "batch_threads": self.batch_threads,
+        }
 
 
 def usable_cores() -> int:
@@ -95,9 +103,14 @@ def plan_settings(
 ) -> ServerSettings:
     """Settings from the model's metadata and this machine, overridden by what the user gave.
 
-    By default the server takes every usable core and one slot per core: llama-server decodes the busy
-    slots in one batch, so on 2 cores two slots on two threads ran DeepNote and vanilla 1.77x and 1.72x
-    faster than one slot on one thread with a core left to the client, which mostly waits on the server.
+    By default there is one slot per usable core, prompts are read on every core, and tokens are generated
+    on half of them (at least one). llama-server decodes the busy slots in one batch. On 2 cores, two slots
+    ran DeepNote and vanilla 1.77x and 1.72x faster than one slot with a core left to the client, which
+    mostly waits on the server. Generating two slots' tokens on one thread was as fast as on two on quiet
+    cores (10-11 tokens a second each) and kept its speed when other processes took the cores, where two
+    generating threads fell to under 1 token a second: each token waits for every thread many times, and
+    a thread the OS has set aside stalls the others. Reading a prompt is a few large steps, which the
+    second thread nearly doubles and another process barely hurts. ``threads`` sets both.
 
     Raises:
         ConfigError: a non-positive value, or a context window larger than the model was trained for.
@@ -116,10 +129,11 @@ def plan_settings(
             f"--local-ctx {ctx} is larger than the {trained:,} tokens {model.name} was trained for"
         )
     if threads is None:
-        threads = usable_cores()
-    elif threads < 1:
+        cores = usable_cores()
+        return ServerSettings(parallel=parallel, ctx=ctx, threads=max(1, cores // 2), batch_threads=cores)
+    if threads < 1:
         raise ConfigError("--local-threads must be >= 1")
-    return ServerSettings(parallel=parallel, ctx=ctx, threads=threads)
+    return ServerSettings(parallel=parallel, ctx=ctx, threads=threads, batch_threads=threads)
 
 
 def find_llama_server(explicit: str | os.PathLike[str] | None = None) -> Path | None:
@@ -193,7 +207,8 @@ class LocalServer:
         parallel: Requests served at once (llama.cpp slots, default one per usable core; the transformers
             engine serves one at a time).
         ctx: Context tokens per slot (default: the model's, capped at 8,192).
-        threads: CPU threads of the server, shared by its slots (default: the usable cores).
+        threads: CPU threads of the server, shared by its slots, for reading prompts and generating (default:
+            every usable core reads prompts, half of them generate; see :func:`plan_settings`).
         host: Interface to listen on (loopback by default; :func:`ragsuite.network.listen_address` decides
             what the CLI passes).
         port: Port; 0 picks a free one.
@@ -263,7 +278,7 @@ class LocalServer:
                 "--ctx-size", str(s.ctx * s.parallel),
                 "--parallel", str(s.parallel),
                 "--threads", str(s.threads),
-                "--threads-batch", str(s.threads),
+                "--threads-batch", str(s.batch_threads),
                 "--metrics",
                 "--jinja",
                 "--no-webui",
