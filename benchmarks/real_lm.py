@@ -20,6 +20,13 @@ the compiled program file and the same file without its demos on the same held-o
 the compile's train and val slices) and compares them question by question (paired bootstrap interval and
 sign-flip p-value).
 
+``cost``: DeepNote on the same questions with the settings of :data:`COST_ARMS`, "before" (DSPy's JSON
+adapter, two slots on two threads) and "after" (``--lm local`` with no flag), in alternating chunks of
+questions so that both see the same machine. Every LM request (stage, prompt, cached and completion tokens,
+seconds) and every question's record go to ``--out``; the report (``--report``) is rendered from them alone:
+seconds per question side by side, tokens, the share of prompt tokens the server served from its cache, and
+prompt tokens over what the official DeepNote prompts take for the same calls, passages and notes.
+
 ``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON
 adapter held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM
 requests per stage call by stage (a request beyond the call is DSPy re-asking after a reply broke the chat
@@ -33,6 +40,7 @@ Example:
     python benchmarks/real_lm.py overhead --slots 1 2 4 --questions 8
     python benchmarks/real_lm.py compiled --dataset nq --program vanilla --questions 20
     python benchmarks/real_lm.py adapters --data-dir DATA --questions 2
+    python benchmarks/real_lm.py cost --data-dir DATA --questions 10 --out runs/deepnote-cost
 """
 
 from __future__ import annotations
@@ -59,11 +67,15 @@ TABLE_PROGRAMS = ("no-retrieval", "vanilla", "deepnote", "adaptive-note", "hanra
 TABLE_DATASETS = ("hotpotqa", "2wikimultihopqa", "musique", "nq", "strategyqa", "asqa")
 
 
-def start_server(args: argparse.Namespace, parallel: int) -> Any:
+def start_server(args: argparse.Namespace, parallel: int | None, *, threads: Any = "args") -> Any:
+    """A local server for the benchmark: ``parallel`` slots (None: ragsuite's default) and ``--threads``
+    (or ``threads``; None: ragsuite's default)."""
     from ragsuite.local_lm import LocalServer, resolve_model
 
     model = resolve_model(args.model)
-    server = LocalServer(model, engine=args.engine, parallel=parallel, threads=args.threads)
+    options = {"parallel": parallel} if parallel is not None else {}
+    threads = args.threads if threads == "args" else threads
+    server = LocalServer(model, engine=args.engine, threads=threads, **options)
     started = time.perf_counter()
     server.start()
     print(f"# {server.engine} serving {server.served_name} ({server.settings.public()}), "
@@ -428,17 +440,313 @@ def count_requests_by_stage(lm: Any, stage_of: Any) -> collections.Counter[str]:
     return requests
 
 
+# --------------------------------------------------------------------------- cost: DeepNote before and after
+#: The settings compared by ``cost``. "before": the best settings measured before the compact prompt and the
+#: split of the server's threads (2 slots, 2 threads reading and generating, DSPy's JSON adapter); "after":
+#: what ``--lm local`` does with no flag. Both run the program's own generation settings.
+COST_ARMS: dict[str, dict[str, Any]] = {
+    "before": {"server": {"parallel": 2, "threads": 2}, "adapter": "dspy-json", "knobs": {}},
+    "after": {"server": {"parallel": None, "threads": None}, "adapter": None, "knobs": {}},
+}
+#: Tokens of each official DeepNote/Adaptive-Note prompt template (thunlp/Adaptive-Note, prompts/en at
+#: f8c0652: first_gen_answer, gen_new_query, refine_note, compare, gen_answer) with every {placeholder}
+#: removed, counted with the default model's tokenizer: what an official call costs beyond what fills it.
+OFFICIAL_TEMPLATE_TOKENS = {
+    "note_init": 68,
+    "query_refine": 75,
+    "note_update": 67,
+    "note_compare": 189,
+    "answer": 33,
+}
+#: The official code's chat turn for Qwen models: this system line, then the filled template as the user's.
+OFFICIAL_SYSTEM = "You are a helpful assistant."
+
+
+def record_requests(lm: Any, stage_of: Any, sink: list[dict[str, Any]]) -> None:
+    """Append one entry per request ``lm`` sends to ``sink``: the stage running, prompt, cached and completion
+    tokens (the server's ``usage``), and the request's wall seconds."""
+
+    def entry(response: Any, started: float) -> dict[str, Any]:
+        usage = getattr(response, "usage", None)
+        details = getattr(usage, "prompt_tokens_details", None)
+        return {
+            "stage": stage_of() or "(none)", "seconds": time.perf_counter() - started,
+            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "cached_tokens": getattr(details, "cached_tokens", None),
+            "completion_tokens": getattr(usage, "completion_tokens", None),
+        }  # fmt: skip
+
+    send, asend = lm.forward, lm.aforward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        response = send(*args, **kwargs)
+        sink.append(entry(response, started))
+        return response
+
+    async def aforward(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        response = await asend(*args, **kwargs)
+        sink.append(entry(response, started))
+        return response
+
+    lm.forward, lm.aforward = forward, aforward
+
+
+def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    with path.open("a", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, default=str) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``path``, or of ``path.gz`` as committed; none when neither exists."""
+    import gzip
+
+    packed = path.with_name(path.name + ".gz")
+    if not path.exists() and packed.exists():
+        return [json.loads(line) for line in gzip.decompress(packed.read_bytes()).decode().splitlines()]
+    return (
+        [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+    )
+
+
+def official_calls(record: dict[str, Any], passages: dict[str, Any]) -> list[tuple[str, str]]:
+    """(stage, what fills the official template) for each LM call of one DeepNote record, in the official
+    code's formats: passages as ``Passage #i Title: ...\nPassage #i Text: ...``, the asked queries as a
+    Python list of each step's reply."""
+
+    def refs(ids: list[str]) -> str:
+        return "".join(
+            f"Passage #{i} Title: {passages[pid].title}\nPassage #{i} Text: {passages[pid].text} \n\n"
+            for i, pid in enumerate(ids, start=1)
+        )
+
+    question = record["question"]
+    calls: list[tuple[str, str]] = []
+    steps = [event for event in record["trace"] if event.get("stage") in ("note_init", "step")]
+    best, asked = "", []
+    for event in steps:
+        if event["stage"] == "note_init":
+            calls.append(("note_init", question + refs(event["passage_ids"])))
+            best = event.get("note") or ""
+            continue
+        calls.append(("query_refine", question + best + str(asked)))
+        asked.append("\n".join(event.get("queries") or []))
+        calls.append(("note_update", best + question + refs(event["passage_ids"])))
+        if event.get("note") is not None:
+            calls.append(("note_compare", question + best + event["note"]))
+        if event.get("accepted"):
+            best = event["note"]
+    calls.append(("answer", best + question))
+    return calls
+
+
+def official_prompt_tokens(server: Any, record: dict[str, Any], passages: dict[str, Any]) -> int:
+    """Prompt tokens the official prompts would take for this record's calls, counted by the server with the
+    model's chat template (each filled part counted once, so within a token or two per part)."""
+    import urllib.request
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            server.api_base.removesuffix("/v1") + path, data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {server.api_key}"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return json.loads(reply.read())
+
+    total = 0
+    for stage, filled in official_calls(record, passages):
+        messages = [{"role": "system", "content": OFFICIAL_SYSTEM}, {"role": "user", "content": filled}]
+        prompt = post("/apply-template", {"messages": messages})["prompt"]
+        total += len(post("/tokenize", {"content": prompt})["tokens"]) + OFFICIAL_TEMPLATE_TOKENS[stage]
+    return total
+
+
+def cost(args: argparse.Namespace) -> int:
+    """DeepNote on the same questions under the "before" and "after" settings (:data:`COST_ARMS`), in
+    alternating chunks so that both see the same machine. Writes every LM request and every question's record
+    to ``--out`` (resumable: chunks already there are skipped), then prints :func:`cost_report` of them."""
+    import dspy
+
+    from ragsuite import programs
+    from ragsuite.data.datasets import load_corpus, load_dataset
+    from ragsuite.evaluation import evaluate
+    from ragsuite.lm import build_lm
+    from ragsuite.programs.base import current_stage
+    from ragsuite.retrieval.spec import build_retriever
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["RAGSUITE_DATA"] = str(args.data_dir)
+    examples = load_dataset(args.dataset, split="dev")[args.skip : args.skip + args.questions]
+    passages = {p.id: p for p in load_corpus(args.dataset)}
+    retriever = build_retriever(f"bm25:{args.dataset}")
+    done = {(row["arm"], row["chunk"]) for row in read_jsonl(out / "chunks.jsonl")}
+    servers = {arm: start_server(args, spec["server"]["parallel"], threads=spec["server"]["threads"])
+               for arm, spec in COST_ARMS.items()}  # fmt: skip
+    try:
+        for start in range(0, len(examples), args.chunk):
+            chunk = examples[start : start + args.chunk]
+            for arm, spec in COST_ARMS.items():
+                if (arm, start) in done:
+                    continue
+                server = servers[arm]
+                lm = build_lm(args.model, api_base=server.api_base, cache=False, **generation(args.program))
+                requests: list[dict[str, Any]] = []
+                record_requests(lm, current_stage, requests)
+                program = programs.get(args.program)(retriever=retriever, **spec["knobs"])
+                adapter = {"adapter": dspy.JSONAdapter()} if spec["adapter"] == "dspy-json" else {}
+                started = time.perf_counter()
+                with dspy.context(lm=lm, **adapter):
+                    result = evaluate(
+                        program, chunk, dataset=args.dataset, threads=server.settings.parallel, progress=False
+                    )
+                wall = time.perf_counter() - started
+                official = [
+                    official_prompt_tokens(server, r, passages) for r in result.records if not r.get("error")
+                ]
+                append_jsonl(out / f"{arm}.requests.jsonl", [{**r, "chunk": start} for r in requests])
+                append_jsonl(out / f"{arm}.records.jsonl", result.records)
+                append_jsonl(out / "chunks.jsonl", [{
+                    "arm": arm, "chunk": start, "questions": len(chunk), "wall": wall,
+                    "server": server.settings.public(), "official_prompt_tokens": official,
+                }])  # fmt: skip
+                print(f"# {arm}: questions {start + 1}-{start + len(chunk)} in {wall:.0f} s", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    print(cost_report(out, command=args.command_line))
+    return 0
+
+
+def generation(program: str) -> dict[str, Any]:
+    """The program's generation settings, as ``ragsuite eval`` sends them with no flag."""
+    from ragsuite import programs
+    from ragsuite.programs.base import DEFAULT_GENERATION
+
+    return {**DEFAULT_GENERATION, **programs.get(program).GENERATION}
+
+
+def cost_report(out: Path, *, command: str = "") -> str:
+    """The Markdown report of a ``cost`` run folder, from its records alone: per arm, seconds per question
+    (over the chunks both arms ran, so side by side), prompt and completion tokens per question, the share of
+    prompt tokens served from the server's cache, prompt tokens over the official prompts' for the same calls,
+    and the score with its 95% bootstrap interval; then the same per stage."""
+    chunks = read_jsonl(out / "chunks.jsonl")
+    both = {c["chunk"] for c in chunks if c["arm"] == "before"} & {
+        c["chunk"] for c in chunks if c["arm"] == "after"
+    }
+    records = {arm: read_jsonl(out / f"{arm}.records.jsonl") for arm in COST_ARMS}
+    ids = set.intersection(*({r["id"] for r in rows} for rows in records.values()))
+    if not both or not ids:
+        return "no chunk was run by both arms"
+    rows, stages = [], []
+    for arm in COST_ARMS:
+        mine = [c for c in chunks if c["arm"] == arm and c["chunk"] in both]
+        requests = [r for r in read_jsonl(out / f"{arm}.requests.jsonl") if r["chunk"] in both]
+        rows.append(arm_row(arm, mine, requests, [r for r in records[arm] if r["id"] in ids]))
+        stages += stage_rows(arm, requests, questions=rows[-1]["n"])
+    n = rows[0]["n"]
+    smoke = " (a smoke run: scores on fewer than 30 questions decide nothing)" if n < 30 else ""
+    lines = [
+        f"DeepNote on {n} HotpotQA dev questions, the two settings in alternating chunks of one run{smoke}."
+        + (f" Command: `{command}`." if command else ""),
+        "",
+        "| settings | slots, threads (generate/read) | s/question | prompt tokens/q | served from cache "
+        "| over the official prompts | completion tokens/q | requests/q | accuracy [95% CI] | F1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(row["cells"]) + " |")
+    ratio = rows[1]["s_per_q"] / rows[0]["s_per_q"]
+    lines += [
+        "",
+        f"Seconds per question, after over before: **{ratio:.2f}**.",
+        "",
+        "| settings | stage | calls/q | prompt tokens/call | served from cache | completion tokens/call "
+        "(longest) | request seconds/q |",
+        "|---|---|---|---|---|---|---|",
+        *("| " + " | ".join(cells) + " |" for cells in stages),
+    ]
+    return "\n".join(lines)
+
+
+#: The command of the committed cost run, named in its report.
+COST_COMMAND = (
+    "python benchmarks/real_lm.py cost --data-dir DATA --dataset hotpotqa --questions 10 --chunk 2 "
+    "--out benchmarks/results/deepnote-cost"
+)
+
+
+def write_between_markers(path: Path, name: str, text: str) -> None:
+    """Replace what stands between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` in ``path``."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    page = path.read_text(encoding="utf-8")
+    if start not in page or end not in page:
+        raise SystemExit(f"{path} has no {start} ... {end} markers")
+    head, rest = page.split(start, 1)
+    path.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
+
+
+def arm_row(arm: str, chunks: list[dict], requests: list[dict], records: list[dict]) -> dict[str, Any]:
+    """One arm's figures and table cells (see :func:`cost_report`)."""
+    from ragsuite.stats import bootstrap_ci
+
+    n = sum(c["questions"] for c in chunks)
+    prompt = sum(r["prompt_tokens"] or 0 for r in requests)
+    cached = sum(r["cached_tokens"] or 0 for r in requests)
+    official = [t for c in chunks for t in c["official_prompt_tokens"]]
+    scored = [r for r in records if not r.get("error")]
+    # A failed question scores 0; the official count needs every question's trace.
+    accuracy = [0.0 if r.get("error") else float(r["metrics"]["acc"]) for r in records]
+    low, high = bootstrap_ci(accuracy)
+    f1 = sum(float(r["metrics"]["f1"]) for r in scored) / n if scored else 0.0
+    s_per_q = sum(c["wall"] for c in chunks) / n
+    server = chunks[0]["server"]
+    cells = [
+        arm + (f" ({n - len(scored)} failed)" if len(scored) < n else ""),
+        f"{server['parallel']}, {server['threads']}/{server.get('batch_threads', server['threads'])}",
+        f"{s_per_q:.1f}",
+        f"{prompt / n:,.0f}",
+        f"{100 * cached / prompt:.0f}%" if prompt else "–",
+        f"{prompt / sum(official):.2f}x" if len(official) == n and official else "–",
+        f"{sum(r['completion_tokens'] or 0 for r in requests) / n:.0f}",
+        f"{len(requests) / n:.1f}",
+        f"{100 * sum(accuracy) / n:.0f} [{100 * low:.0f}, {100 * high:.0f}]",
+        f"{100 * f1:.0f}",
+    ]
+    return {"arm": arm, "n": n, "s_per_q": s_per_q, "cells": cells}
+
+
+def stage_rows(arm: str, requests: list[dict], *, questions: int) -> list[list[str]]:
+    """Per stage of one arm: calls per question, prompt tokens and cache share per call, completion tokens
+    per call (and the longest), request seconds per question."""
+    rows = []
+    for stage in sorted({r["stage"] for r in requests}):
+        calls = [r for r in requests if r["stage"] == stage]
+        prompt = sum(r["prompt_tokens"] or 0 for r in calls)
+        completion = [r["completion_tokens"] or 0 for r in calls]
+        rows.append([
+            arm, stage, f"{len(calls) / questions:.1f}", f"{prompt / len(calls):,.0f}",
+            f"{100 * sum(r['cached_tokens'] or 0 for r in calls) / prompt:.0f}%" if prompt else "–",
+            f"{sum(completion) / len(calls):.0f} ({max(completion)})",
+            f"{sum(r['seconds'] for r in calls) / questions:.1f}",
+        ])  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("table", "overhead", "adapters", "compiled"):
+    for name in ("table", "overhead", "adapters", "compiled", "cost"):
         p = sub.add_parser(name)
         p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA, help="datasets (default: the fixtures)")
         p.add_argument("--model", default="local", help="local, local:NAME or local:PATH (default local)")
         p.add_argument("--engine", default="auto", choices=("auto", "llama.cpp", "transformers"))
         p.add_argument(
             "--threads", type=int, default=None,
-            help="the server's CPU threads, shared by its slots (default: the usable cores less one)",
+            help="the server's CPU threads, shared by its slots (default: ragsuite's, see --local-threads)",
         )  # fmt: skip
         p.add_argument(
             "--max-tokens", type=int, default=None, help="completion budget (default: the program's)"
@@ -479,10 +787,34 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument(
         "--out", help="keep the program files and runs in this folder (default: a new temp folder)"
     )
+    k = sub.choices["cost"]
+    k.add_argument("--program", default="deepnote")
+    k.add_argument("--dataset", default="hotpotqa")
+    k.add_argument("--questions", type=int, default=8, help="dev questions (default 8)")
+    k.add_argument("--skip", type=int, default=0, help="start after the first N dev questions (default 0)")
+    k.add_argument(
+        "--chunk", type=int, default=2, help="questions per arm before the other arm runs (default 2)"
+    )
+    k.add_argument("--out", required=True, help="run folder: records and requests; rerun to resume")
+    k.add_argument("--report", action="store_true", help="print the report of --out and run nothing")
+    k.add_argument("--docs", type=Path, help="with --report: also write it between the deepnote-cost markers")
     args = parser.parse_args(argv)
+    args.command_line = "python benchmarks/real_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.command == "cost" and args.report:
+        report = cost_report(Path(args.out), command=COST_COMMAND)
+        print(report)
+        if args.docs:
+            write_between_markers(args.docs, "deepnote-cost", report)
+        return 0
     if args.command == "table" and args.baseline_questions is None:
         args.baseline_questions = args.questions
-    commands = {"table": table, "overhead": overhead, "adapters": adapters, "compiled": compiled}
+    commands = {
+        "table": table,
+        "overhead": overhead,
+        "adapters": adapters,
+        "compiled": compiled,
+        "cost": cost,
+    }
     return commands[args.command](args)
 
 

@@ -1,0 +1,92 @@
+# ruff: noqa: E501  (rows of test records read best one to a line)
+"""The DeepNote cost benchmark's parts: the official prompts' calls rebuilt from a record's trace, and the
+report rendered from a run folder's records alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from tests.benchmark_scripts import load_benchmark
+
+bench = load_benchmark("real_lm")
+
+PASSAGES = {pid: SimpleNamespace(title=f"T{pid}", text=f"text {pid}") for pid in "abcdef"}
+RECORD = {
+    "id": "q1",
+    "question": "Q?",
+    "trace": [
+        {"stage": "note_init", "passage_ids": ["a", "b"], "note": "N0"},
+        {"stage": "step", "queries": ["x", "y"], "passage_ids": ["c"], "note": "N1", "accepted": True},
+        {"stage": "step", "queries": ["z"], "passage_ids": ["d"], "note": None, "accepted": False},
+        {"stage": "step", "queries": ["w"], "passage_ids": ["e"], "note": "N3", "accepted": False},
+        {"stage": "answer", "answer": "A"},
+    ],
+}
+
+
+def test_the_official_calls_follow_the_record_s_steps() -> None:
+    calls = bench.official_calls(RECORD, PASSAGES)
+    assert [stage for stage, _ in calls] == [
+        "note_init",
+        "query_refine", "note_update", "note_compare",  # step 1: accepted, N1 becomes the best note
+        "query_refine", "note_update",  # step 2: the update did not parse, so no comparison
+        "query_refine", "note_update", "note_compare",
+        "answer",
+    ]  # fmt: skip
+    filled = dict(enumerate(text for _, text in calls))
+    assert (
+        filled[0]
+        == "Q?Passage #1 Title: Ta\nPassage #1 Text: text a \n\nPassage #2 Title: Tb\nPassage #2 Text: text b \n\n"
+    )
+    assert filled[1] == "Q?N0[]" and filled[3] == "Q?N0N1"
+    assert filled[4] == "Q?N1['x\\ny']"  # the best note moved on; the asked list holds each step's reply
+    assert filled[9] == "N1Q?"  # the answer reads the best note: step 3's update was rejected
+
+
+def _write(folder: Path, name: str, rows: list[dict]) -> None:
+    (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_path: Path) -> None:
+    server = {"parallel": 2, "ctx": 8192, "threads": 1, "batch_threads": 2}
+    chunks = [
+        {"arm": "before", "chunk": 0, "questions": 2, "wall": 100.0, "server": server, "official_prompt_tokens": [900, 1100]},
+        {"arm": "after", "chunk": 0, "questions": 2, "wall": 40.0, "server": server, "official_prompt_tokens": [800, 1200]},
+        {"arm": "before", "chunk": 2, "questions": 2, "wall": 999.0, "server": server, "official_prompt_tokens": [1, 1]},
+    ]  # fmt: skip
+    _write(tmp_path, "chunks.jsonl", chunks)
+    for arm, prompt in (("before", 1500), ("after", 1000)):
+        requests = [
+            {"chunk": 0, "stage": "note_init", "prompt_tokens": prompt, "cached_tokens": 100, "completion_tokens": 50, "seconds": 5.0},
+            {"chunk": 0, "stage": "answer", "prompt_tokens": prompt, "cached_tokens": 0, "completion_tokens": 10, "seconds": 1.0},
+            {"chunk": 2, "stage": "answer", "prompt_tokens": 10**6, "cached_tokens": 0, "completion_tokens": 1, "seconds": 1.0},
+        ]  # fmt: skip
+        _write(tmp_path, f"{arm}.requests.jsonl", requests)
+        records = [
+            {"id": "q1", "metrics": {"acc": 1.0, "f1": 0.5}},
+            {"id": "q2", "metrics": {"acc": 0.0, "f1": 0.0}},
+        ]
+        _write(
+            tmp_path,
+            f"{arm}.records.jsonl",
+            records + ([{"id": "q3", "metrics": {"acc": 1.0, "f1": 1.0}}] if arm == "before" else []),
+        )
+    report = bench.cost_report(tmp_path, command="python benchmarks/real_lm.py cost --out X")
+    lines = report.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("| settings | slots")))
+    assert lines[header + 1].startswith("|---|")  # one table, with its separator row
+    before, after = lines[header + 2], lines[header + 3]
+    # Only chunk 0 counts (chunk 2 ran in one arm): 100 s over 2 questions; 3,000 prompt tokens for 2 questions
+    # against 2,000 official ones.
+    assert before.startswith("| before | 2, 1/2 | 50.0 | 1,500 | 3% | 1.50x | 30 | 1.0 | 50 [")
+    assert after.startswith("| after | 2, 1/2 | 20.0 | 1,000 | 5% | 1.00x | 30 | 1.0 | 50 [")
+    assert "after over before: **0.40**" in report
+    assert "smoke run" in report and "`python benchmarks/real_lm.py cost --out X`" in report
+    assert "| after | note_init | 0.5 | 1,000 | 10% | 50 (50) | 2.5 |" in report
+
+
+def test_a_folder_without_a_chunk_run_by_both_arms_reports_nothing(tmp_path: Path) -> None:
+    _write(tmp_path, "chunks.jsonl", [{"arm": "before", "chunk": 0, "questions": 2, "wall": 1.0}])
+    assert bench.cost_report(tmp_path) == "no chunk was run by both arms"
