@@ -26,6 +26,7 @@ import dspy
 
 from ragsuite.errors import ConfigError
 from ragsuite.optimizers.feedback import Metric, feedback_metric, optimizer_metric
+from ragsuite.optimizers.run_cache import settings_differing
 
 if TYPE_CHECKING:
     from ragsuite.programs.base import RAGProgram
@@ -265,12 +266,8 @@ def _check_gepa_log_dir(
         program, trainset, valset, seed=seed, options=options, dataset=dataset
     )
     record = log_dir / GEPA_RUN_FILE
-    if record.is_file():
-        try:
-            saved = json.loads(record.read_text(encoding="utf-8"))
-        except ValueError:
-            saved = {}
-        differs = sorted(k for k in set(description) | set(saved) if description.get(k) != saved.get(k))
+    differs = settings_differing(record, description)
+    if differs is not None:
         if differs:
             raise ConfigError(
                 f"{log_dir} holds a GEPA run started with another {', '.join(differs)}; delete that folder "

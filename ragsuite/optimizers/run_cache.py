@@ -87,6 +87,20 @@ class RunCache(Cache):
             close()
 
 
+def settings_differing(record: Path, wanted: dict[str, Any]) -> list[str] | None:
+    """The keys whose values differ between ``wanted`` and the run description saved in ``record`` (an
+    unreadable one differs in every key), or None when no description was saved there."""
+    if not record.is_file():
+        return None
+    try:
+        saved = json.loads(record.read_text(encoding="utf-8"))
+    except ValueError:
+        saved = {}
+    if not isinstance(saved, dict):
+        saved = {}
+    return sorted(k for k in set(wanted) | set(saved) if wanted.get(k) != saved.get(k))
+
+
 def check_run_folder(folder: Path, description: dict[str, Any]) -> None:
     """Record ``description`` in a new folder, or check that the folder's run was started with it.
 
@@ -96,12 +110,8 @@ def check_run_folder(folder: Path, description: dict[str, Any]) -> None:
     """
     record = folder / RUN_FILE
     wanted = json.loads(json.dumps(description, sort_keys=True, default=str))
-    if record.is_file():
-        try:
-            saved = json.loads(record.read_text(encoding="utf-8"))
-        except ValueError:
-            saved = {}
-        differs = sorted(k for k in set(wanted) | set(saved) if wanted.get(k) != saved.get(k))
+    differs = settings_differing(record, wanted)
+    if differs is not None:
         if differs:
             raise ConfigError(
                 f"{folder} holds the LM replies of a run started with another {', '.join(differs)}; "
