@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dspy
 import pytest
 
@@ -30,7 +32,7 @@ def test_the_prompt_is_the_instruction_the_fields_and_the_labelled_inputs() -> N
     assert system["role"] == "system" and user["role"] == "user"
     assert system["content"].startswith("Update the note with the newly retrieved passages.")
     assert system["content"].endswith(
-        'Reply with a JSON object: {"updated_note": text (the note with the new useful content added)}'
+        'Reply with a JSON object: {"updated_note": "..." (the note with the new useful content added)}'
     )
     # Passages one per line as written, not a JSON array with escaped quotes; no format tutorial.
     assert "Passages (newly retrieved passages, '[i] title | text'):\n[1] Rush | Rush is" in user["content"]
@@ -41,7 +43,7 @@ def test_the_prompt_is_the_instruction_the_fields_and_the_labelled_inputs() -> N
 
 def test_output_types_are_named_in_words() -> None:
     (system, _) = CompactJSONAdapter().format(QueryRefine, [], _inputs(QueryRefine))
-    assert '"queries": a list of strings (exactly two new questions)' in system["content"]
+    assert '"queries": ["...", ...] (exactly two new questions)' in system["content"]
     (system, _) = CompactJSONAdapter().format(NoteCompare, [], _inputs(NoteCompare))
     assert '"better": true or false' in system["content"]
     (_, user) = CompactJSONAdapter().format(QueryRefine, [], {**_inputs(QueryRefine), "asked_queries": []})
@@ -76,3 +78,25 @@ def test_a_scripted_run_parses_through_the_compact_adapter() -> None:
     assert prediction.note == "Rush is a Canadian rock band."
     sent = _text(lm.history[-1]["messages"])
     assert "Reply with a JSON object" in sent and "[[ ##" not in sent
+
+
+def test_a_schema_holding_lm_is_held_to_the_signature_s_reply_bounds() -> None:
+    """QueryRefine's reply schema asks for at most two queries of at most 500 characters each (what retrieval
+    reads); parsing stays as lenient as DSPy's, so an LM without a grammar is not refused for a long one."""
+
+    class SchemaLM(dspy.LM):
+        supported_params = {"response_format"}  # noqa: RUF012
+        supports_response_schema = True
+
+    kwargs: dict[str, object] = {}
+    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), kwargs, QueryRefine)
+    schema = kwargs["response_format"].model_json_schema()
+    assert schema["properties"]["queries"]["maxItems"] == 2
+    assert schema["properties"]["queries"]["items"] == {"type": "string", "maxLength": 500}
+    other: dict[str, object] = {}  # a signature without bounds keeps DSPy's schema
+    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), other, NoteInit)
+    assert "maxLength" not in json.dumps(other["response_format"].model_json_schema())
+    long_query = "x" * 600
+    assert CompactJSONAdapter().parse(QueryRefine, json.dumps({"queries": [long_query]})) == {
+        "queries": [long_query]
+    }

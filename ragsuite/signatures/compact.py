@@ -26,11 +26,14 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import json
 import textwrap
 import typing
 from typing import Any
 
 import dspy
+import pydantic
 from dspy.adapters.utils import format_field_value
 from pydantic.fields import FieldInfo
 
@@ -42,19 +45,21 @@ def _label(name: str, field: FieldInfo) -> str:
     return f"{label} ({desc})" if desc and desc != f"${{{name}}}" else label
 
 
-def _type_words(annotation: Any) -> str:
-    """How a reply writes a value of this type, in words."""
+def _shape(annotation: Any) -> str:
+    """How a value of this type looks in the reply: a JSON skeleton, or words where JSON has none."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a constrained type (e.g. a string of bounded length)
+        return _shape(typing.get_args(annotation)[0])
     if annotation is bool:
         return "true or false"
     if annotation in (int, float):
         return "a number"
-    origin = typing.get_origin(annotation)
     if origin is list:
         (item,) = typing.get_args(annotation) or (str,)
-        return "a list of strings" if item is str else f"a list of {_type_words(item)} values"
+        return f"[{_shape(item)}, ...]"
     if origin is typing.Literal:
-        return "one of " + ", ".join(repr(option) for option in typing.get_args(annotation))
-    return "text"
+        return "one of " + ", ".join(json.dumps(option) for option in typing.get_args(annotation))
+    return '"..."'
 
 
 def _render(value: Any, field: FieldInfo) -> str:
@@ -65,9 +70,31 @@ def _render(value: Any, field: FieldInfo) -> str:
     return text if isinstance(text, str) else str(text)
 
 
+def _merge(target: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
 class CompactJSONAdapter(dspy.JSONAdapter):
     """DSPy's JSON adapter with a prompt of the instruction, the output fields in one line and the labelled
     inputs (see the module docstring). For LMs that enforce ``response_format`` with a grammar."""
+
+    def _prepare_response_format(self, lm: Any, lm_kwargs: dict[str, Any], signature: Any) -> None:
+        """DSPy's schema for ``response_format``, with the signature's ``reply_schema`` bounds merged into
+        its fields (e.g. at most two queries of at most 500 characters): the grammar holds the reply to them.
+        """
+        super()._prepare_response_format(lm, lm_kwargs, signature)
+        bounds = getattr(signature, "reply_schema", None)
+        model = lm_kwargs.get("response_format")
+        if not bounds or not (isinstance(model, type) and issubclass(model, pydantic.BaseModel)):
+            return
+        schema = copy.deepcopy(model.model_json_schema())
+        for name, extra in bounds.items():
+            _merge(schema.get("properties", {}).setdefault(name, {}), extra)
+        model.model_json_schema = lambda *args, **kwargs: schema  # as DSPy itself hands its schema over
 
     def format_system_message(self, signature: type[dspy.Signature]) -> str:
         instruction = textwrap.dedent(signature.instructions).strip()
@@ -78,7 +105,7 @@ class CompactJSONAdapter(dspy.JSONAdapter):
         for name, field in signature.output_fields.items():
             desc = (field.json_schema_extra or {}).get("desc")
             meaning = f" ({desc})" if desc and desc != f"${{{name}}}" else ""
-            fields.append(f'"{name}": {_type_words(field.annotation)}{meaning}')
+            fields.append(f'"{name}": {_shape(field.annotation)}{meaning}')
         return "Reply with a JSON object: {" + ", ".join(fields) + "}"
 
     def format_user_message_content(

@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import dspy
 
 
@@ -40,6 +42,11 @@ class QueryRefine(dspy.Signature):
     best_note: str = dspy.InputField(desc="the best note collected so far")
     asked_queries: list[str] = dspy.InputField(desc="questions already asked; do not repeat them")
     queries: list[str] = dspy.OutputField(desc="exactly two new questions")
+
+    #: What a schema-holding LM (llama-server) is held to beyond the types: two queries, as the paper asks,
+    #: of at most 500 characters each, the most that retrieval reads of a step's text (the official code's
+    #: cut). Without it the 0.5B local model once wrote one 5,300-character "question" up to the token limit.
+    reply_schema: ClassVar[dict[str, Any]] = {"queries": {"maxItems": 2, "items": {"maxLength": 500}}}
 
 
 class NoteUpdate(dspy.Signature):
