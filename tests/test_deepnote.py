@@ -793,3 +793,13 @@ def test_query_token_limits_of_the_retrievers() -> None:
     assert query_token_limit(plain) is None
     assert query_token_limit(HybridRetriever([plain, colbert])) == 32
     assert query_token_limit(HybridRetriever([plain])) is None
+
+
+def test_the_documented_difference_in_query_refinement_holds() -> None:
+    """The module docstring lists the bound on refined queries for grammar-holding LMs, and the signature
+    holds it."""
+    import ragsuite.programs.deepnote as module
+    from ragsuite.signatures.deepnote import QueryRefine
+
+    assert "Differences from the original" in module.__doc__ and "QueryRefine.reply_schema" in module.__doc__
+    assert QueryRefine.reply_schema == {"queries": {"maxItems": 2, "items": {"maxLength": 500}}}

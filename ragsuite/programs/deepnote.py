@@ -31,6 +31,16 @@ QueryRefine gives no new query (the step retrieves for the question alone) unles
 holds a plain numbered list, which is read as the queries; an unparsable NoteUpdate fails the step without
 a NoteCompare call; an unparsable NoteCompare means "not better"; an unparsable NoteInit keeps the
 passages themselves as the note; an unparsable answer is empty.
+
+Differences from the original:
+
+* Query refinement on a grammar-holding LM. The paper asks for two new questions and the official code takes
+  the whole reply as the step's query text, cut with the question to 500 characters. On an LM that holds
+  replies to a JSON schema (the local LM on llama.cpp) ragsuite asks for at most two queries of at most 500
+  characters each (``QueryRefine.reply_schema``). Why: what retrieval reads is the same, and a small model
+  that rambles inside one "question" (the 0.5B local model wrote 5,300 characters, to the 1,280-token limit)
+  no longer spends minutes of generation and carries the ramble into every later prompt. Other LMs' replies
+  are read as the official code reads them.
 """
 
 from __future__ import annotations
