@@ -674,7 +674,7 @@ def cost_report(out: Path, *, command: str = "") -> str:
 
 #: The command of the committed cost run, named in its report.
 COST_COMMAND = (
-    "python benchmarks/real_lm.py cost --data-dir DATA --dataset hotpotqa --questions 10 --chunk 2 "
+    "python benchmarks/real_lm.py cost --data-dir DATA --dataset hotpotqa --questions 8 --chunk 2 "
     "--out benchmarks/results/deepnote-cost"
 )
 
@@ -699,7 +699,7 @@ def arm_row(arm: str, chunks: list[dict], requests: list[dict], records: list[di
     official = [t for c in chunks for t in c["official_prompt_tokens"]]
     scored = [r for r in records if not r.get("error")]
     # A failed question scores 0; the official count needs every question's trace.
-    accuracy = [0.0 if r.get("error") else float(r["metrics"]["acc"]) for r in records]
+    accuracy = [0.0 if r.get("error") else float(r["metrics"]["accuracy"]) for r in records]
     low, high = bootstrap_ci(accuracy)
     f1 = sum(float(r["metrics"]["f1"]) for r in scored) / n if scored else 0.0
     s_per_q = sum(c["wall"] for c in chunks) / n

@@ -65,13 +65,13 @@ def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_pat
         ]  # fmt: skip
         _write(tmp_path, f"{arm}.requests.jsonl", requests)
         records = [
-            {"id": "q1", "metrics": {"acc": 1.0, "f1": 0.5}},
-            {"id": "q2", "metrics": {"acc": 0.0, "f1": 0.0}},
+            {"id": "q1", "metrics": {"accuracy": 1.0, "f1": 0.5}},
+            {"id": "q2", "metrics": {"accuracy": 0.0, "f1": 0.0}},
         ]
         _write(
             tmp_path,
             f"{arm}.records.jsonl",
-            records + ([{"id": "q3", "metrics": {"acc": 1.0, "f1": 1.0}}] if arm == "before" else []),
+            records + ([{"id": "q3", "metrics": {"accuracy": 1.0, "f1": 1.0}}] if arm == "before" else []),
         )
     report = bench.cost_report(tmp_path, command="python benchmarks/real_lm.py cost --out X")
     lines = report.splitlines()
@@ -90,3 +90,12 @@ def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_pat
 def test_a_folder_without_a_chunk_run_by_both_arms_reports_nothing(tmp_path: Path) -> None:
     _write(tmp_path, "chunks.jsonl", [{"arm": "before", "chunk": 0, "questions": 2, "wall": 1.0}])
     assert bench.cost_report(tmp_path) == "no chunk was run by both arms"
+
+
+def test_the_docs_table_is_the_report_of_the_committed_records() -> None:
+    """docs/local-lm.md shows the cost report rendered from benchmarks/results/deepnote-cost, not a paste."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "local-lm.md").read_text(encoding="utf-8")
+    shown = page.split("<!-- deepnote-cost:start -->\n", 1)[1].split("\n<!-- deepnote-cost:end -->", 1)[0]
+    report = bench.cost_report(root / "benchmarks" / "results" / "deepnote-cost", command=bench.COST_COMMAND)
+    assert shown == report, "rerun: " + bench.COST_COMMAND.split(" --data-dir")[0] + " --report --out ... --docs ..."
