@@ -27,7 +27,8 @@ FIXTURE_DATA = Path(__file__).resolve().parent / "fixtures" / "data"
 os.environ["RAGSUITE_DATA"] = str(FIXTURE_DATA)
 # colbert-ai compiles C++ extensions on first use; one cache per virtual environment.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-for key in ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL", "RAGSUITE_LOCAL_API_KEY", "LLAMA_API_KEY"):
+_KEYS = ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL", "RAGSUITE_LOCAL_API_KEY", "LLAMA_API_KEY")
+for key in _KEYS:
     os.environ.pop(key, None)
 
 import dspy  # noqa: E402

@@ -98,4 +98,6 @@ def test_the_docs_table_is_the_report_of_the_committed_records() -> None:
     page = (root / "docs" / "local-lm.md").read_text(encoding="utf-8")
     shown = page.split("<!-- deepnote-cost:start -->\n", 1)[1].split("\n<!-- deepnote-cost:end -->", 1)[0]
     report = bench.cost_report(root / "benchmarks" / "results" / "deepnote-cost", command=bench.COST_COMMAND)
-    assert shown == report, "rerun: " + bench.COST_COMMAND.split(" --data-dir")[0] + " --report --out ... --docs ..."
+    assert shown == report, (
+        "rerun: " + bench.COST_COMMAND.split(" --data-dir")[0] + " --report --out ... --docs ..."
+    )

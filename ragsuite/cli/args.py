@@ -466,8 +466,8 @@ def add_local_lm_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="CPU threads of the local server, shared by its slots (default: every usable core reads prompts, "
-        "half of them generate tokens)",
+        help="CPU threads of the local server, shared by its slots (default: every usable core reads "
+        "prompts, half of them generate tokens)",
     )
 
 
