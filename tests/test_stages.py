@@ -7,9 +7,11 @@ import threading
 import dspy
 import pytest
 
+from ragsuite.aio import run_sync
 from ragsuite.errors import ConfigError
 from ragsuite.programs.base import RAGProgram
-from ragsuite.programs.stages import BlendStage, FilterStage, join_query, retrieve_traced
+from ragsuite.programs.pipeline import aretrieve_recorded
+from ragsuite.programs.stages import BlendStage, FilterStage, join_query
 from ragsuite.retrieval.base import Passage
 from ragsuite.testing.retrievers import ListRetriever
 from ragsuite.testing.scripted import ScriptedLM
@@ -182,12 +184,12 @@ def test_external_blend_query_keeps_the_answer_when_the_reasoning_is_long() -> N
     assert query.startswith(f"{question}\nStettin\nlong") and len(query.split()) == 32
 
 
-def test_retrieve_traced_records_ids_and_counts() -> None:
+def test_a_recorded_retrieval_records_ids_and_counts() -> None:
     host = _Host(retriever=ListRetriever(PASSAGES, {"q": ["p2", "p1"]}))
     ledger = host.start(QUESTION)
-    passages = retrieve_traced(host, ledger, "q", 5, hop=1)
+    passages = run_sync(aretrieve_recorded(host, ledger, "q", 5, hop=1))
     assert [p.id for p in passages] == ["p2", "p1"]
     assert ledger.trace[-1] == {"stage": "retrieve", "query": "q", "passage_ids": ["p2", "p1"], "hop": 1}
-    assert retrieve_traced(host, ledger, "unknown", 5) == []
+    assert run_sync(aretrieve_recorded(host, ledger, "unknown", 5)) == []
     assert ledger.retrievals == 2 and ledger.empty_retrievals == 1
     assert sum(e["stage"] == "retrieve" for e in ledger.trace) == 2  # the empty one recorded once
