@@ -212,14 +212,16 @@ def redact(text: str) -> str:
     """
     if not text:
         return text
-    for value in secret_values():
-        if value in text:
-            text = text.replace(value, REDACTED)
+    # Shapes first: a registered secret that is part of a longer token (a user:password's base64 without its
+    # padding) would otherwise cut the token and leave its tail in sight.
     text = _URL_CREDENTIALS.sub(_url_credentials, text)
     text = _AUTHORIZATION.sub(_authorization, text)
     text = _BASIC.sub(_basic_token, text)
     for pattern in _SECRET_PATTERNS:
         text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
+    for value in secret_values():
+        if value in text:
+            text = text.replace(value, REDACTED)
     return text
 
 

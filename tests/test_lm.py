@@ -223,9 +223,13 @@ def test_redact_hides_basic_auth_in_every_form_and_passwords_holding_an_at(monke
 
     from ragsuite.data import download
     from ragsuite.optimizers.tuning import redact_storage
-    from ragsuite.redaction import register_url_credentials
+    from ragsuite.redaction import register_secret, register_url_credentials
 
     token = base64.b64encode(b"alice:p@ss-w0rd-9").decode()
+    # A registered secret that is a piece of a token (as another test's may be) must not cut it.
+    other = base64.b64encode(b"bob:s3cret-pass-99").decode()
+    register_secret(other[:16])
+    assert redact(f"got Basic {other} and more") == "got Basic *** and more"
     # Header-shaped tokens are recognised without any configuration.
     assert redact(f"headers {{'Authorization': 'Basic {token}'}}") == "headers {'Authorization': 'Basic ***'}"
     assert redact(f"got Basic {token} and bearer abcdefghijkl") == "got Basic *** and bearer ***"

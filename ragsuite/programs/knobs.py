@@ -165,8 +165,8 @@ class Knob:
             value = json.loads(raw)
         except ValueError:
             value = raw
-        if self.kind == "path" and value is not None:
-            value = raw  # a path is text, even one that reads as a number
+        if self.kind == "path" and value is not None and not isinstance(value, str):
+            value = raw  # a path is text, even one that reads as a number; a JSON string is its text
         return self.check(value)
 
     def describe_type(self) -> str:
