@@ -271,11 +271,10 @@ def test_a_port_held_by_another_server_of_the_same_model_is_one_clear_error(
         ):
             again.start()
         assert again.process is None
-        os.environ["RAGSUITE_LLAMA_SERVER"] = str(executable)
-        try:
+        # The variable is restored afterwards: the real-LM tests find the built llama-server through it.
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RAGSUITE_LLAMA_SERVER", str(executable))
             code = main(["serve", "--local", str(path), "--port", str(other.port)])
-        finally:
-            del os.environ["RAGSUITE_LLAMA_SERVER"]
         captured = capsys.readouterr()
         assert code == 2 and "is serving" not in captured.out
         assert captured.err.strip() == (
