@@ -41,3 +41,12 @@ dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 def data_dir() -> Path:
     """The committed fixture datasets (tests/fixtures/data)."""
     return FIXTURE_DATA
+
+
+@pytest.fixture(autouse=True)
+def _own_redaction_registry(monkeypatch):
+    """Each test starts with no registered secrets: the registry is process-wide, and a secret another test
+    (or a docstring example) registered would otherwise decide what this one sees redacted."""
+    from ragsuite import redaction
+
+    monkeypatch.setattr(redaction, "_REGISTERED", set())
