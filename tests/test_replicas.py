@@ -70,7 +70,9 @@ def test_specs_with_several_servers_are_replicas_of_one_model():
 
 def test_requests_spread_over_every_replica_with_the_same_key(monkeypatch):
     monkeypatch.setenv("VLLM_API_KEY", "replica-key-123456")
-    with servers(3, latency=0.05) as replicas:
+    with servers(3, latency=0.5) as replicas:
+        # Long enough that the 9 threads' requests overlap even on a loaded machine: least-busy spreads only
+        # requests in flight together (at 0.05 s a slow client sent them one by one, [19, 12, 5]).
         bases = [s.api_base for s in replicas]
         lm = build_lm("openai/scripted", api_base=bases, cache=False, check=True)
         assert isinstance(lm, ReplicaLM) and lm.replicas == tuple(bases)
