@@ -93,8 +93,11 @@ def test_a_schema_holding_lm_is_held_to_the_signature_s_reply_bounds() -> None:
     schema = kwargs["response_format"].model_json_schema()
     assert schema["properties"]["queries"]["maxItems"] == 2
     assert schema["properties"]["queries"]["items"] == {"type": "string", "maxLength": 500}
+    notes: dict[str, object] = {}  # a note is bounded too (a model repeating itself ends as valid JSON)
+    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), notes, NoteInit)
+    assert notes["response_format"].model_json_schema()["properties"]["note"]["maxLength"] == 2000
     other: dict[str, object] = {}  # a signature without bounds keeps DSPy's schema
-    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), other, NoteInit)
+    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), other, NoteCompare)
     assert "maxLength" not in json.dumps(other["response_format"].model_json_schema())
     long_query = "x" * 600
     assert CompactJSONAdapter().parse(QueryRefine, json.dumps({"queries": [long_query]})) == {

@@ -41,6 +41,12 @@ Differences from the original:
   that rambles inside one "question" (the 0.5B local model wrote 5,300 characters, to the 1,280-token limit)
   no longer spends minutes of generation and carries the ramble into every later prompt. Other LMs' replies
   are read as the official code reads them.
+* Note length on a grammar-holding LM. The official code bounds a note only by the 1,280-token budget; on an
+  LM that holds replies to a JSON schema ragsuite holds a note to ``NOTE_MAX_CHARS`` (2,000) characters
+  (``NoteInit.reply_schema``, ``NoteUpdate.reply_schema``). Why: the 0.5B local model's notes run to 700
+  characters, and one past 2,000 is the model repeating a sentence until the budget ends (a minute of
+  generation on 2 cores, and JSON cut mid-string that no parser reads); the bound ends it as a valid note.
+  Other LMs are bound by the budget alone, as in the official code.
 """
 
 from __future__ import annotations

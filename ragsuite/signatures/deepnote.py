@@ -16,6 +16,11 @@ from typing import Any, ClassVar
 
 import dspy
 
+#: The longest note a schema-holding LM may write (about 500 tokens): the notes the 0.5B local model writes in
+#: earnest run to 700 characters, and one that reaches this bound is a model repeating itself, which would
+#: otherwise run to the 1,280-token limit (a minute of generation on 2 cores) and leave JSON cut mid-string.
+NOTE_MAX_CHARS = 2000
+
 
 class NoteInit(dspy.Signature):
     """Write a note from the given passages that gathers everything in them that helps answer the question.
@@ -28,6 +33,8 @@ class NoteInit(dspy.Signature):
     question: str = dspy.InputField()
     passages: list[str] = dspy.InputField(desc="retrieved passages, '[i] title | text'")
     note: str = dspy.OutputField(desc="a coherent paragraph of the useful information")
+
+    reply_schema: ClassVar[dict[str, Any]] = {"note": {"maxLength": NOTE_MAX_CHARS}}
 
 
 class QueryRefine(dspy.Signature):
@@ -62,6 +69,8 @@ class NoteUpdate(dspy.Signature):
     best_note: str = dspy.InputField(desc="the current best note")
     passages: list[str] = dspy.InputField(desc="newly retrieved passages, '[i] title | text'")
     updated_note: str = dspy.OutputField(desc="the note with the new useful content added")
+
+    reply_schema: ClassVar[dict[str, Any]] = {"updated_note": {"maxLength": NOTE_MAX_CHARS}}
 
 
 class NoteCompare(dspy.Signature):
