@@ -103,3 +103,27 @@ def test_a_schema_holding_lm_is_held_to_the_signature_s_reply_bounds() -> None:
     assert CompactJSONAdapter().parse(QueryRefine, json.dumps({"queries": [long_query]})) == {
         "queries": [long_query]
     }
+
+
+def test_reply_bounds_survive_an_instruction_rewrite_and_a_saved_program(tmp_path) -> None:
+    """DSPy rebuilds a signature as a new class when an optimizer rewrites its instructions and when a saved
+    program is loaded; the bounds must come along, or a compiled DeepNote's notes ramble to the token limit
+    (a loaded program file once wrote a 5,741-character note)."""
+    import ragsuite
+    from ragsuite import programs
+    from ragsuite.signatures.compact import reply_bounds
+    from ragsuite.testing.retrievers import ListRetriever
+
+    rewritten = NoteInit.with_instructions("Write a short note.")
+    assert reply_bounds(rewritten.output_fields["note"]) == {"maxLength": 2000}
+    program = programs.get("deepnote")(retriever=ListRetriever([]))
+    program.note_update.signature = program.note_update.signature.with_instructions("Update the note.")
+    program.save(str(tmp_path / "deepnote.json"))
+    loaded = ragsuite.load(str(tmp_path / "deepnote.json"), retriever=ListRetriever([]))
+    bounds = {
+        name: {field: reply_bounds(info) for field, info in predictor.signature.output_fields.items()}
+        for name, predictor in loaded.named_predictors()
+    }
+    assert bounds["note_init"]["note"] == bounds["note_update"]["updated_note"] == {"maxLength": 2000}
+    assert bounds["query_refine"]["queries"] == {"maxItems": 2, "items": {"maxLength": 500}}
+    assert "Update the note." in loaded.note_update.signature.instructions

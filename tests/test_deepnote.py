@@ -799,20 +799,22 @@ def test_the_documented_difference_in_query_refinement_holds() -> None:
     """The module docstring lists the bound on refined queries for grammar-holding LMs, and the signature
     holds it."""
     import ragsuite.programs.deepnote as module
+    from ragsuite.signatures.compact import reply_bounds
     from ragsuite.signatures.deepnote import QueryRefine
 
-    assert "Differences from the original" in module.__doc__ and "QueryRefine.reply_schema" in module.__doc__
-    assert QueryRefine.reply_schema == {"queries": {"maxItems": 2, "items": {"maxLength": 500}}}
+    assert "Differences from the original" in module.__doc__ and "``QueryRefine.queries``" in module.__doc__
+    assert reply_bounds(QueryRefine.output_fields["queries"]) == {"maxItems": 2, "items": {"maxLength": 500}}
 
 
 def test_the_documented_difference_in_note_length_holds() -> None:
     """The module docstring lists the bound on notes for grammar-holding LMs; both note-writing stages hold
     it, and the stage that judges notes writes none."""
     import ragsuite.programs.deepnote as module
+    from ragsuite.signatures.compact import reply_bounds
     from ragsuite.signatures.deepnote import NOTE_MAX_CHARS, NoteCompare, NoteInit, NoteUpdate
 
-    assert "NoteInit.reply_schema" in module.__doc__ and "NoteUpdate.reply_schema" in module.__doc__
+    assert "``NoteInit.note``" in module.__doc__ and "``NoteUpdate.updated_note``" in module.__doc__
     assert f"({NOTE_MAX_CHARS:,})" in module.__doc__
-    assert NoteInit.reply_schema == {"note": {"maxLength": NOTE_MAX_CHARS}}
-    assert NoteUpdate.reply_schema == {"updated_note": {"maxLength": NOTE_MAX_CHARS}}
-    assert getattr(NoteCompare, "reply_schema", None) is None
+    assert reply_bounds(NoteInit.output_fields["note"]) == {"maxLength": NOTE_MAX_CHARS}
+    assert reply_bounds(NoteUpdate.output_fields["updated_note"]) == {"maxLength": NOTE_MAX_CHARS}
+    assert reply_bounds(NoteCompare.output_fields["better"]) == {}

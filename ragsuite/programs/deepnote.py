@@ -37,15 +37,16 @@ Differences from the original:
 * Query refinement on a grammar-holding LM. The paper asks for two new questions and the official code takes
   the whole reply as the step's query text, cut with the question to 500 characters. On an LM that holds
   replies to a JSON schema (the local LM on llama.cpp) ragsuite asks for at most two queries of at most 500
-  characters each (``QueryRefine.reply_schema``). Why: what retrieval reads is the same, and a small model
-  that rambles inside one "question" (the 0.5B local model wrote 5,300 characters, to the 1,280-token limit)
-  no longer spends minutes of generation and carries the ramble into every later prompt. Other LMs' replies
-  are read as the official code reads them.
+  characters each (the bounds of ``QueryRefine.queries``). Why: what retrieval reads is the same, and a
+  small model that rambles inside one "question" (the 0.5B local model wrote 5,300 characters, to the
+  1,280-token limit) no longer spends minutes of generation and carries the ramble into every later prompt.
+  Other LMs' replies are read as the official code reads them.
 * Note length on a grammar-holding LM. The official code bounds a note only by the 1,280-token budget; on an
   LM that holds replies to a JSON schema ragsuite holds a note to ``NOTE_MAX_CHARS`` (2,000) characters
-  (``NoteInit.reply_schema``, ``NoteUpdate.reply_schema``). Why: the 0.5B local model's notes run to 700
-  characters, and one past 2,000 is the model repeating a sentence until the budget ends (a minute of
-  generation on 2 cores, and JSON cut mid-string that no parser reads); the bound ends it as a valid note.
+  (the bounds of ``NoteInit.note`` and ``NoteUpdate.updated_note``). Why: the 0.5B local model's notes run
+  to 700 characters, and one past 2,000 is the model repeating a sentence until the budget ends (a minute
+  of generation on 2 cores, and JSON cut mid-string that no parser reads); the bound ends it as a valid
+  note.
   Other LMs are bound by the budget alone, as in the official code.
 """
 

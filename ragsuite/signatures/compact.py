@@ -70,6 +70,37 @@ def _render(value: Any, field: FieldInfo) -> str:
     return text if isinstance(text, str) else str(text)
 
 
+#: The key of an output field's ``json_schema_extra`` holding the JSON-schema bounds of its reply.
+REPLY_SCHEMA_KEY = "reply_schema"
+
+
+def bounded(field: FieldInfo, **schema: Any) -> FieldInfo:
+    """``field`` with JSON-schema bounds (``maxLength=2000``, ``maxItems=2``, ``items={"maxLength": 500}``)
+    that :class:`CompactJSONAdapter` adds to the reply schema it sends, so a server that holds replies to
+    the schema (llama-server) holds them to these bounds too. Parsing is unchanged.
+
+    The bounds live on the field, not the signature class: DSPy rebuilds a signature as a new class when an
+    optimizer rewrites its instructions or a saved program is loaded, and keeps its fields.
+
+    Example:
+        >>> import dspy
+        >>> note = bounded(dspy.OutputField(desc="a paragraph"), maxLength=2000)
+        >>> reply_bounds(note)
+        {'maxLength': 2000}
+    """
+    if not isinstance(field.json_schema_extra, dict):
+        raise TypeError("bounded() takes a dspy.InputField/OutputField")
+    # In place: pydantic rebuilds the field from the attributes it was created with, this dict among them.
+    field.json_schema_extra[REPLY_SCHEMA_KEY] = schema
+    return field
+
+
+def reply_bounds(field: FieldInfo) -> dict[str, Any]:
+    """The bounds :func:`bounded` gave ``field`` (empty without)."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return dict(extra.get(REPLY_SCHEMA_KEY) or {})
+
+
 def _merge(target: dict[str, Any], extra: dict[str, Any]) -> None:
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(target.get(key), dict):
@@ -83,11 +114,12 @@ class CompactJSONAdapter(dspy.JSONAdapter):
     inputs (see the module docstring). For LMs that enforce ``response_format`` with a grammar."""
 
     def _prepare_response_format(self, lm: Any, lm_kwargs: dict[str, Any], signature: Any) -> None:
-        """DSPy's schema for ``response_format``, with the signature's ``reply_schema`` bounds merged into
-        its fields (e.g. at most two queries of at most 500 characters): the grammar holds the reply to them.
+        """DSPy's schema for ``response_format``, with the output fields' :func:`bounded` bounds merged in
+        (e.g. at most two queries of at most 500 characters): the grammar holds the reply to them.
         """
         super()._prepare_response_format(lm, lm_kwargs, signature)
-        bounds = getattr(signature, "reply_schema", None)
+        bounds = {name: reply_bounds(field) for name, field in signature.output_fields.items()}
+        bounds = {name: extra for name, extra in bounds.items() if extra}
         model = lm_kwargs.get("response_format")
         if not bounds or not (isinstance(model, type) and issubclass(model, pydantic.BaseModel)):
             return
@@ -125,4 +157,4 @@ class CompactJSONAdapter(dspy.JSONAdapter):
         return "\n\n".join(parts).strip()
 
 
-__all__ = ["CompactJSONAdapter"]
+__all__ = ["CompactJSONAdapter", "bounded", "reply_bounds"]

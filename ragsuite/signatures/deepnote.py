@@ -12,9 +12,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
 import dspy
+
+from ragsuite.signatures.compact import bounded
 
 #: The longest note a schema-holding LM may write (about 500 tokens): the notes the 0.5B local model writes in
 #: earnest run to 700 characters, and one that reaches this bound is a model repeating itself, which would
@@ -32,9 +32,9 @@ class NoteInit(dspy.Signature):
 
     question: str = dspy.InputField()
     passages: list[str] = dspy.InputField(desc="retrieved passages, '[i] title | text'")
-    note: str = dspy.OutputField(desc="a coherent paragraph of the useful information")
-
-    reply_schema: ClassVar[dict[str, Any]] = {"note": {"maxLength": NOTE_MAX_CHARS}}
+    note: str = bounded(
+        dspy.OutputField(desc="a coherent paragraph of the useful information"), maxLength=NOTE_MAX_CHARS
+    )
 
 
 class QueryRefine(dspy.Signature):
@@ -48,12 +48,12 @@ class QueryRefine(dspy.Signature):
     question: str = dspy.InputField(desc="the original question")
     best_note: str = dspy.InputField(desc="the best note collected so far")
     asked_queries: list[str] = dspy.InputField(desc="questions already asked; do not repeat them")
-    queries: list[str] = dspy.OutputField(desc="exactly two new questions")
-
-    #: What a schema-holding LM (llama-server) is held to beyond the types: two queries, as the paper asks,
-    #: of at most 500 characters each, the most that retrieval reads of a step's text (the official code's
-    #: cut). Without it the 0.5B local model once wrote one 5,300-character "question" up to the token limit.
-    reply_schema: ClassVar[dict[str, Any]] = {"queries": {"maxItems": 2, "items": {"maxLength": 500}}}
+    # What a schema-holding LM (llama-server) is held to beyond the type: two queries, as the paper asks, of
+    # at most 500 characters each, the most that retrieval reads of a step's text (the official code's cut).
+    # Without it the 0.5B local model once wrote one 5,300-character "question" up to the token limit.
+    queries: list[str] = bounded(
+        dspy.OutputField(desc="exactly two new questions"), maxItems=2, items={"maxLength": 500}
+    )
 
 
 class NoteUpdate(dspy.Signature):
@@ -68,9 +68,9 @@ class NoteUpdate(dspy.Signature):
     question: str = dspy.InputField()
     best_note: str = dspy.InputField(desc="the current best note")
     passages: list[str] = dspy.InputField(desc="newly retrieved passages, '[i] title | text'")
-    updated_note: str = dspy.OutputField(desc="the note with the new useful content added")
-
-    reply_schema: ClassVar[dict[str, Any]] = {"updated_note": {"maxLength": NOTE_MAX_CHARS}}
+    updated_note: str = bounded(
+        dspy.OutputField(desc="the note with the new useful content added"), maxLength=NOTE_MAX_CHARS
+    )
 
 
 class NoteCompare(dspy.Signature):
