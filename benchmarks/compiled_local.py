@@ -1,0 +1,342 @@
+"""Programs compiled on the local LM, scored on held-out questions side by side with the uncompiled program
+and with compiled vanilla.
+
+1. **Compile.** ``ragsuite compile`` of each program of ``--compile`` on ``--dataset``'s dev split (its
+   ``--train`` and ``--val`` slices, the same for every program), as a user runs it, against one local server
+   with one slot and every core (DSPy's BootstrapFewShot runs one question at a time). The program file goes
+   to ``OUT/programs/<program>-<dataset>-<optimizer>.json``; a stopped compile resumes from its LM cache
+   beside it.
+2. **Score.** The arms (:data:`ARMS`: the first program without its compiled demos, the same file with them,
+   and compiled vanilla) answer the same held-out questions (dev questions outside both slices) of each
+   ``--eval DATASET:N``, in alternating chunks of ``--chunk``
+   questions so that every arm sees the same machine. Each finished chunk's records are appended to
+   ``OUT/<dataset>.<arm>.records.jsonl.gz`` and its wall time to ``OUT/chunks.jsonl``; a chunk stopped
+   mid-way resumes from its run directory under ``OUT/work/`` (not kept). Rerun the same command to go on.
+Both steps run on one local server with ragsuite's default settings, as ``--lm local`` starts it.
+
+3. **Report** (``--report``): from the records alone, per dataset, each arm's score with its 95% bootstrap
+   interval, EM and F1, failures, tokens in/out and seconds per question over the questions every arm
+   answered, then the compiled program against each other arm question by question (paired bootstrap
+   interval and sign-flip p-value). ``--docs`` writes it into ``docs/local-lm.md``.
+
+A dataset other than ``--dataset`` runs the same program files: a transfer of the compiled demos.
+
+Example:
+    python benchmarks/compiled_local.py --data-dir ../shared/data --dataset hotpotqa --train 30 --val 10 \\
+        --eval hotpotqa:100 2wikimultihopqa:50 --out benchmarks/results/compiled-local
+    python benchmarks/compiled_local.py --out benchmarks/results/compiled-local --report \\
+        --docs docs/local-lm.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from real_lm import append_jsonl, read_jsonl, write_between_markers  # noqa: E402
+
+#: The arms, each (label, program, whether its compiled demos are kept); the first is the compiled one the
+#: others are compared with.
+ARMS = (
+    ("deepnote compiled", "deepnote", True),
+    ("deepnote", "deepnote", False),
+    ("vanilla compiled", "vanilla", True),
+)
+#: The command of the committed run, named in its report.
+COMMAND = (
+    "python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --train 30 --val 10 "
+    "--max-demos 2 --eval hotpotqa:100 2wikimultihopqa:50 --chunk 4 --out benchmarks/results/compiled-local"
+)
+SMOKE_BELOW = 30
+
+
+def program_file(out: Path, program: str, args: argparse.Namespace, *, demos: bool = True) -> Path:
+    stem = f"{program}-{args.dataset}-{args.optimizer}"
+    return out / "programs" / (f"{stem}.json" if demos else f"{stem}-no-demos.json")
+
+
+def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
+    """Step 1: compile each program not yet compiled (a stopped compile resumes from its LM cache)."""
+    from ragsuite.cli import main as cli
+
+    for program in dict.fromkeys(program for _, program, _ in ARMS):
+        target = program_file(out, program, args)
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        code = cli([
+            "compile", "--program", program, "--dataset", args.dataset, "--data-dir", str(args.data_dir),
+            "--optimizer", args.optimizer, "--train", str(args.train), "--val", str(args.val), "--no-eval",
+            "--lm", args.model, "--api-base", server.api_base, "--threads", str(server.settings.parallel),
+            "--no-progress", "--out", str(target), "--option", f"max_bootstrapped_demos={args.max_demos}",
+        ])  # fmt: skip
+        if code:
+            raise SystemExit(f"compile of {program} failed (exit {code}); rerun to resume it")
+        seconds = time.perf_counter() - started
+        append_jsonl(out / "compiles.jsonl", [{"program": program, "seconds": seconds}])
+        print(f"# compiled {program} in {seconds:.0f} s: {target}", flush=True)
+    # A program without its demos: the uncompiled program, with the same held-out questions.
+    for _, program, demos in ARMS:
+        bare = program_file(out, program, args, demos=False)
+        if not demos and not bare.exists():
+            document = json.loads(program_file(out, program, args).read_text())
+            for state in document["predictors"].values():
+                state["demos"] = []
+            bare.write_text(json.dumps(document, indent=1))
+
+
+def held_out(args: argparse.Namespace, out: Path, dataset: str, limit: int) -> tuple[dict[str, Any], list]:
+    """Each arm's loaded program and the held-out questions of ``dataset`` they share (refused when the arms'
+    compile slices differ)."""
+    from ragsuite.cli.args import exclude_holdout
+    from ragsuite.data.datasets import load_dataset
+    from ragsuite.programs.program_file import load_for_data
+
+    examples = load_dataset(dataset, split="dev")
+    programs, kept = {}, None
+    for label, program, demos in ARMS:
+        loaded = load_for_data(
+            program_file(out, program, args, demos=demos), dataset=dataset, program=program
+        )
+        programs[label] = loaded.program
+        mine, _ = exclude_holdout(loaded.program, examples, allow_overlap=False)
+        mine = mine[:limit]
+        if kept is not None and ids(mine) != ids(kept):
+            raise SystemExit(
+                f"the arms hold out different {dataset} questions: compile them with the same slices"
+            )
+        kept = mine
+    return programs, kept or []
+
+
+def ids(examples: list) -> list[str]:
+    from ragsuite.evaluation import example_id
+
+    return [example_id(ex, i) for i, ex in enumerate(examples)]
+
+
+def score_chunks(args: argparse.Namespace, out: Path, server: Any) -> None:
+    """Step 2: every arm on each chunk of held-out questions not yet scored, arms alternating."""
+    import dspy
+    from real_lm import generation
+
+    from ragsuite.evaluation import evaluate
+    from ragsuite.lm import build_lm
+
+    done = {(row["dataset"], row["arm"], row["chunk"]) for row in read_jsonl(out / "chunks.jsonl")}
+    for target in args.eval:
+        dataset, limit = target.split(":")
+        programs, examples = held_out(args, out, dataset, int(limit))
+        for start in range(0, len(examples), args.chunk):
+            chunk = examples[start : start + args.chunk]
+            for label, program, _ in ARMS:
+                if (dataset, label, start) in done:
+                    continue
+                lm = build_lm(args.model, api_base=server.api_base, cache=False, **generation(program))
+                work = out / "work" / dataset / label.replace(" ", "-") / f"chunk-{start:04d}"
+                started = time.perf_counter()
+                with dspy.context(lm=lm):
+                    result = evaluate(
+                        programs[label], chunk, dataset=dataset, threads=server.settings.parallel,
+                        out_dir=work, progress=False,
+                    )  # fmt: skip
+                wall = time.perf_counter() - started
+                append_records(records_path(out, dataset, label), result.records)
+                append_jsonl(out / "chunks.jsonl", [{
+                    "dataset": dataset, "arm": label, "chunk": start, "questions": len(chunk), "wall": wall,
+                    "server": server.settings.public(),
+                }])  # fmt: skip
+                print(f"# {dataset} {label}: questions {start + 1}-{start + len(chunk)} in {wall:.0f} s",
+                      flush=True)  # fmt: skip
+
+
+def records_path(out: Path, dataset: str, label: str) -> Path:
+    return out / f"{dataset}.{label.replace(' ', '-')}.records.jsonl.gz"
+
+
+def append_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Append records as one more gzip member (a reader sees one stream); a record already there (the chunk
+    was stopped after its records landed) is not written again."""
+    have = {r["id"] for r in read_records(path)}
+    fresh = [r for r in records if r["id"] not in have]
+    if fresh:
+        with gzip.open(path, "at", encoding="utf-8") as sink:
+            sink.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in fresh)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    with gzip.open(path, "rt", encoding="utf-8") as source:
+        return [json.loads(line) for line in source if line.strip()]
+
+
+def report(out: Path, *, command: str = COMMAND) -> str:
+    """The Markdown report of a run folder, from its records alone (see the module docstring)."""
+    from ragsuite.data.datasets import get_dataset_info
+
+    chunks = read_jsonl(out / "chunks.jsonl")
+    labels = [label for label, _, _ in ARMS]
+    lines = [f"Command: `{command}`.", ""]
+    demos = demos_per_stage(out)
+    if demos:
+        lines += ["Demos the compile kept, per stage: " + "; ".join(demos) + ".", ""]
+    for dataset in dict.fromkeys(c["dataset"] for c in chunks):
+        # Side by side: the chunks every arm finished, and the questions every arm answered in them.
+        starts = set.intersection(*({c["chunk"] for c in chunks if c["dataset"] == dataset and c["arm"] == a}
+                                    for a in labels))  # fmt: skip
+        records = {a: {r["id"]: r for r in read_records(records_path(out, dataset, a))} for a in labels}
+        ids = sorted(set.intersection(*(set(rows) for rows in records.values())))
+        if not starts or not ids:
+            continue
+        metric = get_dataset_info(dataset).primary_metric
+        names = list(dict.fromkeys([metric, "exact_match", "f1"]))
+        n = len(ids)
+        smoke = (
+            f" (a smoke run: fewer than {SMOKE_BELOW} questions decide nothing)" if n < SMOKE_BELOW else ""
+        )
+        lines += [
+            f"**{dataset}**, {n} held-out dev questions{smoke}:",
+            "",
+            "| program | "
+            + " | ".join(f"{name} [95% CI]" if name == metric else name for name in names)
+            + " | failed | tokens in/out per question | s/question |",
+            "|---" * (len(names) + 4) + "|",
+        ]
+        scores = {label: question_scores([records[label][i] for i in ids], names) for label in labels}
+        for label in labels:
+            mine = [
+                c for c in chunks if c["dataset"] == dataset and c["arm"] == label and c["chunk"] in starts
+            ]
+            cells = arm_cells(scores[label], [records[label][i] for i in ids], mine, names)
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "| compared question by question | " + " | ".join(names) + " |",
+            "|---" * (len(names) + 1) + "|",
+        ]
+        first = labels[0]
+        for other in labels[1:]:
+            cells = [paired_cell(scores[first][name], scores[other][name]) for name in names]
+            lines.append(f"| {first} − {other} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def question_scores(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[float]]:
+    """Each metric's score per question; a failed question scores 0, as compile's before/after counts it."""
+    return {
+        name: [0.0 if r.get("error") else float(r["metrics"].get(name, 0.0)) for r in rows] for name in names
+    }
+
+
+def arm_cells(
+    scores: dict[str, list[float]], rows: list[dict[str, Any]], chunks: list[dict[str, Any]], names: list[str]
+) -> list[str]:
+    """The first metric with its 95% bootstrap interval, the others, failures, tokens and seconds per question
+    (the wall time of the arm's chunks over their questions)."""
+    from ragsuite.stats import bootstrap_ci
+
+    n = len(rows)
+    low, high = bootstrap_ci(scores[names[0]])
+    cells = [f"{100 * sum(scores[names[0]]) / n:.1f} [{100 * low:.1f}, {100 * high:.1f}]"]
+    cells += [f"{100 * sum(scores[name]) / n:.1f}" for name in names[1:]]
+    cells.append(str(sum(1 for r in rows if r.get("error"))))
+    cells.append(
+        f"{sum(tokens(r, 'input') for r in rows) / n:,.0f}/{sum(tokens(r, 'output') for r in rows) / n:,.0f}"
+    )
+    cells.append(f"{sum(c['wall'] for c in chunks) / sum(c['questions'] for c in chunks):.1f}")
+    return cells
+
+
+def paired_cell(a: list[float], b: list[float]) -> str:
+    from ragsuite.stats import paired_test
+
+    result = paired_test(a, b)
+    interval = f"[{100 * result.low:+.1f}, {100 * result.high:+.1f}]"
+    return f"{100 * result.difference:+.1f} {interval}, p = {result.p_value:.3f}"
+
+
+def tokens(record: dict[str, Any], kind: str) -> float:
+    value = record.get("tokens") or {}
+    return float(value.get(kind) or 0) if isinstance(value, dict) else 0.0
+
+
+def demos_per_stage(out: Path) -> list[str]:
+    """``program: stage n, ...`` for each compiled program file in ``OUT/programs``."""
+    described = []
+    for path in sorted((out / "programs").glob("*.json")):
+        if path.stem.endswith("-no-demos"):
+            continue
+        document = json.loads(path.read_text())
+        counts = ", ".join(
+            f"{name} {len(state.get('demos') or [])}" for name, state in document["predictors"].items()
+        )
+        described.append(f"{document.get('program', path.stem)} ({counts})")
+    return described
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out", type=Path, required=True, help="run folder; rerun the same command to resume"
+    )
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "tests" / "fixtures" / "data")
+    parser.add_argument("--model", default="local", help="local, local:NAME or local:PATH (default local)")
+    parser.add_argument("--engine", default="auto", choices=("auto", "llama.cpp", "transformers"))
+    parser.add_argument("--dataset", default="hotpotqa", help="the dataset compiled on (default hotpotqa)")
+    parser.add_argument("--optimizer", default="bootstrap", help="ragsuite compile's --optimizer")
+    parser.add_argument(
+        "--max-demos", type=int, default=2,
+        help="demos bootstrapped per stage (default 2: each DeepNote demo carries its passages and notes)",
+    )  # fmt: skip
+    parser.add_argument("--train", type=int, default=30, help="compile's train slice (default 30)")
+    parser.add_argument("--val", type=int, default=10, help="compile's val slice, also held out (default 10)")
+    parser.add_argument(
+        "--eval", nargs="+", default=["hotpotqa:100", "2wikimultihopqa:50"],
+        help="DATASET:N held-out questions scored, in this order (default hotpotqa:100 2wikimultihopqa:50)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--chunk", type=int, default=4, help="questions per arm before the next arm (default 4)"
+    )
+    parser.add_argument("--report", action="store_true", help="print the report of --out and run nothing")
+    parser.add_argument(
+        "--docs", type=Path, help="with --report: also write it between the compiled-local markers"
+    )
+    args = parser.parse_args(argv)
+    args.threads = None
+    args.max_tokens = None
+    if args.report:
+        text = report(args.out)
+        print(text)
+        if args.docs:
+            write_between_markers(args.docs, "compiled-local", text)
+        return 0
+    os.environ["RAGSUITE_DATA"] = str(args.data_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from real_lm import start_server
+
+    server = start_server(args, parallel=None, threads=None)
+    try:
+        compile_programs(args, args.out, server)
+        score_chunks(args, args.out, server)
+    finally:
+        server.stop()
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

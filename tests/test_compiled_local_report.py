@@ -1,0 +1,68 @@
+# ruff: noqa: E501  (rows of test records read best one to a line)
+"""The compiled-on-the-local-LM study's parts: records appended once, and the report rendered from a run
+folder's records alone, side by side over the questions every arm answered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.benchmark_scripts import load_benchmark
+
+bench = load_benchmark("compiled_local")
+
+
+def _record(qid: str, accuracy: float, *, error: str | None = None) -> dict:
+    return {
+        "id": qid,
+        "error": error,
+        "metrics": {} if error else {"accuracy": accuracy, "exact_match": accuracy, "f1": accuracy},
+        "tokens": {"input": 1000, "output": 100},
+    }
+
+
+def test_records_already_kept_are_not_appended_again(tmp_path: Path) -> None:
+    path = tmp_path / "hotpotqa.deepnote.records.jsonl.gz"
+    bench.append_records(path, [_record("a", 1.0), _record("b", 0.0)])
+    bench.append_records(
+        path, [_record("b", 1.0), _record("c", 1.0)]
+    )  # a chunk rerun after its records landed
+    assert [(r["id"], r["metrics"]["accuracy"]) for r in bench.read_records(path)] == [
+        ("a", 1.0),
+        ("b", 0.0),
+        ("c", 1.0),
+    ]
+
+
+def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_path: Path) -> None:
+    labels = [label for label, _, _ in bench.ARMS]
+    chunks = [
+        {"dataset": "hotpotqa", "arm": label, "chunk": 0, "questions": 2, "wall": wall, "server": {}}
+        for label, wall in zip(labels, (100.0, 60.0, 10.0), strict=True)
+    ] + [{"dataset": "hotpotqa", "arm": labels[0], "chunk": 2, "questions": 2, "wall": 999.0, "server": {}}]
+    (tmp_path / "chunks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chunks))
+    scores = {labels[0]: (1.0, 1.0), labels[1]: (0.0, 1.0), labels[2]: (0.0, 0.0)}
+    for label, (q1, q2) in scores.items():
+        rows = [
+            _record("q1", q1),
+            _record("q2", q2) if label != labels[2] else _record("q2", 0.0, error="timeout"),
+        ]
+        if label == labels[0]:
+            rows += [_record("q3", 1.0), _record("q4", 1.0)]  # chunk 2: only this arm ran it
+        bench.append_records(bench.records_path(tmp_path, "hotpotqa", label), rows)
+    report = bench.report(tmp_path, command="python benchmarks/compiled_local.py --out X")
+    lines = report.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("| program |")))
+    assert lines[header].startswith("| program | accuracy [95% CI] | exact_match | f1 | failed |")
+    assert lines[header + 1] == "|---|---|---|---|---|---|---|"
+    # Chunk 0 only: 2 questions each; the failed question scores 0 and is counted.
+    assert lines[header + 2].startswith(
+        f"| {labels[0]} | 100.0 [100.0, 100.0] | 100.0 | 100.0 | 0 | 1,000/100 | 50.0 |"
+    )
+    assert lines[header + 3].startswith(f"| {labels[1]} | 50.0 [")
+    assert lines[header + 4].startswith(f"| {labels[2]} | 0.0 [0.0, 0.0] | 0.0 | 0.0 | 1 | 1,000/100 | 5.0 |")
+    compared = [line for line in lines if "−" in line]
+    assert compared[0].startswith(f"| {labels[0]} − {labels[1]} | +50.0 [")
+    assert compared[1].startswith(f"| {labels[0]} − {labels[2]} | +100.0 [+100.0, +100.0], p = ")
+    assert "smoke run" in report and "2 held-out dev questions" in report
+    assert "`python benchmarks/compiled_local.py --out X`" in report
