@@ -66,3 +66,14 @@ def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_
     assert compared[1].startswith(f"| {labels[0]} − {labels[2]} | +100.0 [+100.0, +100.0], p = ")
     assert "smoke run" in report and "2 held-out dev questions" in report
     assert "`python benchmarks/compiled_local.py --out X`" in report
+
+
+def test_the_docs_table_is_the_report_of_the_committed_records() -> None:
+    """docs/local-lm.md shows the report rendered from benchmarks/results/compiled-local, not a paste."""
+    root = Path(__file__).resolve().parents[1]
+    while not (root / "docs").is_dir():
+        root = root.parent
+    page = (root / "docs" / "local-lm.md").read_text(encoding="utf-8")
+    shown = page.split("<!-- compiled-local:start -->\n", 1)[1].split("<!-- compiled-local:end -->", 1)[0]
+    report = bench.report(root / "benchmarks" / "results" / "compiled-local")
+    assert shown.strip() == report, "rerun: python benchmarks/compiled_local.py --out ... --report --docs ..."
