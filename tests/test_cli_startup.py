@@ -117,7 +117,15 @@ def test_python_m_ragsuite_help_imports_no_dspy() -> None:
 
 def test_catalog_matches_the_registry() -> None:
     from ragsuite import programs
-    from ragsuite.programs.catalog import CATALOG, docstring_head, package_programs, summary_fits
+    from ragsuite.programs.catalog import (
+        CATALOG,
+        docstring_head,
+        knob_defaults,
+        overridden_defaults,
+        package_programs,
+        summary_fits,
+        variant_base,
+    )
 
     fix = "; rewrite the table with `python -m ragsuite.programs.catalog` (then ruff format it)"
     # The same programs (their order is the registration order of a fresh interpreter, which imports made by
@@ -135,16 +143,25 @@ def test_catalog_matches_the_registry() -> None:
     for entry in CATALOG:
         cls = programs.get(entry.name)
         assert entry.target == f"{cls.__module__}:{cls.__qualname__}", entry.name + fix
-        # Same knobs in the same order, same values of the same types (1.0 is not 1 in a knob's help).
-        defaults = cls.default_knobs()
-        saved = [(k, type(v), v) for k, v in entry.knobs.items()]
+        # A variant lists only what it changes from its base; resolved, the same knobs in the same order,
+        # same values of the same types (1.0 is not 1 in a knob's help).
+        assert entry.base == variant_base(entry.name), entry.name + fix
+        defaults, resolved = cls.default_knobs(), knob_defaults(entry.name)
+        saved = [(k, type(v), v) for k, v in resolved.items()]
         assert saved == [(k, type(v), v) for k, v in defaults.items()], (
-            f"{entry.name}: catalog {dict(entry.knobs)} != default_knobs() {defaults}{fix}"
+            f"{entry.name}: catalog {resolved} != default_knobs() {defaults}{fix}"
         )
+        if entry.base is not None:
+            base = programs.get(entry.base).default_knobs()
+            assert dict(entry.knobs) == overridden_defaults(defaults, base), entry.name + fix
         head = docstring_head(cls.__doc__)
         assert summary_fits(entry.summary, head), (
             f"{entry.name}: {entry.summary!r} does not begin {head!r}{fix}"
         )
+    from ragsuite.cli.help_text import programs_epilog
+
+    # --help says what a variant changes instead of repeating its base's knobs.
+    assert "as deepnote, but max_failure=1\n" in programs_epilog() and "as hanrag\n" in programs_epilog()
 
 
 def test_the_catalog_rewrites_itself_from_the_registry() -> None:
@@ -158,7 +175,17 @@ def test_the_catalog_rewrites_itself_from_the_registry() -> None:
     )
     rewritten = {e.name: e for e in namespace["CATALOG"]}
     assert sorted(rewritten) == sorted(catalog.package_programs())
-    assert all(dict(e.knobs) == programs.get(name).default_knobs() for name, e in rewritten.items())
+    for name, rewritten_entry in rewritten.items():
+        knobs = programs.get(name).default_knobs()
+        if rewritten_entry.base is not None:  # a variant: only the defaults it changes from its base's
+            knobs = catalog.overridden_defaults(knobs, programs.get(rewritten_entry.base).default_knobs())
+        assert dict(rewritten_entry.knobs) == knobs, name
+    # The variants name their bases instead of repeating their tables.
+    assert rewritten["hanrag-oracle"].base == "hanrag" and dict(rewritten["hanrag-oracle"].knobs) == {}
+    assert rewritten["adaptive-note"].base == "deepnote" and dict(rewritten["adaptive-note"].knobs) == {
+        "max_failure": 1
+    }
+    assert rewritten["adaptive-rag"].base is None  # it adds knobs to IRCoT's: a program of its own
     assert all(rewritten[e.name].summary == e.summary for e in catalog.CATALOG)  # fitting summaries kept
     head = catalog.docstring_head(programs.get("flare-direct").__doc__)
     assert len(head) > 120 and catalog.summary_fits(catalog._summary_from(head), head)

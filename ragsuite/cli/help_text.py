@@ -15,7 +15,8 @@ def plain(doc: str) -> str:
 
 
 def programs_epilog() -> str:
-    """Every registered program with a one-line summary, then its knobs and their defaults, for an epilog.
+    """Every registered program with a one-line summary, then its knobs and their defaults (a variant's: the
+    program it is a variant of and the defaults it changes), for an epilog.
 
     Read from :mod:`ragsuite.programs.catalog`, so ``--help`` imports no program (and no dspy).
     """
@@ -26,7 +27,10 @@ def programs_epilog() -> str:
         summary = textwrap.wrap(entry.summary, 100 - 32)
         lines.append(f"  {entry.name:29s} {summary[0]}")
         lines.extend(" " * 32 + line for line in summary[1:])
-        shown = ", ".join(f"{k}={v}" for k, v in entry.knobs.items()) or "no knobs"
+        shown = ", ".join(f"{k}={v}" for k, v in entry.knobs.items())
+        if entry.base is not None:  # a variant: what it changes, not its base's knobs again
+            shown = f"as {entry.base}" + (f", but {shown}" if shown else "")
+        shown = shown or "no knobs"
         lines.extend(textwrap.wrap(shown, 100, initial_indent=" " * 32, subsequent_indent=" " * 34))
     return "\n".join(lines)
 

@@ -6,8 +6,11 @@ module. ``tests/test_cli_startup.py`` checks it against the real registry (:func
 each class's ``default_knobs()``, which its ``KNOBS`` declarations give, and docstring); when a program is
 added or a default changes, that test fails. Rewrite the table from the registry with
 ``python -m ragsuite.programs.catalog`` (then ``ruff format ragsuite/programs/catalog.py``); summaries that
-still fit their docstrings are kept. The same command rewrites the knob tables of the docs' program pages
-(between ``<!-- knobs:NAME:start -->`` and ``<!-- knobs:NAME:end -->``) from the declarations.
+still fit their docstrings are kept. A variant program (a subclass of another registered program that keeps
+its knobs, ``KNOBS = Base.KNOBS.override(...)``) names its base and lists only the defaults it changes, so
+its entry says what differs instead of repeating the base's table. The same command rewrites the knob
+tables of the docs' program pages (between ``<!-- knobs:NAME:start -->`` and ``<!-- knobs:NAME:end -->``)
+from the declarations.
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ class ProgramEntry:
         name: The registry name (``--program NAME``).
         target: Where the class lives, as ``module:QualifiedName``.
         summary: The start of the class docstring's first sentence, one line.
-        knobs: The knob defaults, in the class's ``KNOBS`` order.
+        knobs: The knob defaults, in the class's ``KNOBS`` order; for a variant, only the defaults it
+            changes from its base's (all of them: :func:`knob_defaults`).
+        base: For a variant program, the registered program whose knobs it keeps (see
+            :func:`variant_base`); None for the others.
     """
 
     name: str
     target: str
     summary: str
     knobs: Mapping[str, Any]
+    base: str | None = None
 
 
 # In registration order (the order of ``ragsuite.programs.names()``).
@@ -71,15 +78,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "adaptive-note",
         "ragsuite.programs.deepnote:AdaptiveNote",
         "Adaptive-Note: DeepNote's loop with Adaptive-Note's defaults",
-        {
-            "top_k": 5,
-            "max_step": 3,
-            "max_failure": 1,
-            "max_passages": 15,
-            "dedupe_queries": False,
-            "decisions": "generate",
-            "compare_threshold": 0.5,
-        },
+        {"max_failure": 1},
+        base="deepnote",
     ),
     ProgramEntry(
         "hanrag",
@@ -106,19 +106,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "hanrag-oracle",
         "ragsuite.programs.hanrag_oracle:HANRAGOracle",
         "HANRAG whose route is the question's type",
-        {
-            "top_k": 10,
-            "keep": 3,
-            "max_hops": 5,
-            "filter_mode": "per_passage",
-            "decisions": "generate",
-            "filter_threshold": 0.5,
-            "end_threshold": 0.5,
-            "route_weight_straightforward": 1.0,
-            "route_weight_single_step": 1.0,
-            "route_weight_compound": 1.0,
-            "route_weight_complex": 1.0,
-        },
+        {},
+        base="hanrag",
     ),
     ProgramEntry(
         "blendfilter",
@@ -191,15 +180,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
         "deepnote-no-adaptive",
         "ragsuite.programs.notes_and_thoughts:DeepNoteWithoutAdaptiveRetrieval",
         ('DeepNote\'s ablation "w/o Adap. Retrieval" (Table 2): the initial note alone, no refinement loop'),
-        {
-            "top_k": 5,
-            "max_step": 0,
-            "max_failure": 2,
-            "max_passages": 15,
-            "dedupe_queries": False,
-            "decisions": "generate",
-            "compare_threshold": 0.5,
-        },
+        {"max_step": 0},
+        base="deepnote",
     ),
     ProgramEntry(
         "deepnote-no-adaptive-no-note",
@@ -208,7 +190,8 @@ CATALOG: tuple[ProgramEntry, ...] = (
             'DeepNote\'s ablation "w/o Adap. Retrieval & Init. Note" (Table 2): no note at all, i.e. '
             "vanilla RAG over the first `top_k` passages"
         ),
-        {"top_k": 5},
+        {},
+        base="vanilla",
     ),
     ProgramEntry(
         "react",
@@ -271,6 +254,26 @@ def entry(name: str) -> ProgramEntry | None:
     return next((e for e in CATALOG if e.name == name), None)
 
 
+def knob_defaults(name: str) -> dict[str, Any] | None:
+    """Program ``name``'s knob defaults, in its knob order: a variant's base's defaults with the ones it
+    changes over them; None for a program the catalog does not know.
+
+    Example:
+        >>> knob_defaults("adaptive-note") == {**knob_defaults("deepnote"), "max_failure": 1}
+        True
+    """
+    known = entry(name)
+    if known is None:
+        return None
+    if known.base is None:
+        return dict(known.knobs)
+    base = knob_defaults(known.base)
+    if base is None:
+        raise ValueError(f"{name}'s base program {known.base!r} is not in the catalog")
+    # A variant keeps its base's knobs in their order: its own entries only change values.
+    return {**base, **known.knobs}
+
+
 def changed_knobs(name: str, knobs: Mapping[str, Any]) -> dict[str, Any]:
     """The knobs in ``knobs`` that differ from program ``name``'s defaults, in the program's knob order (all
     of them for a program the catalog does not know): what a run's label shows.
@@ -279,11 +282,11 @@ def changed_knobs(name: str, knobs: Mapping[str, Any]) -> dict[str, Any]:
         >>> changed_knobs("deepnote", {"max_step": 2, "top_k": 5, "max_failure": 1})
         {'max_step': 2, 'max_failure': 1}
     """
-    known = entry(name)
-    if known is None:
+    defaults = knob_defaults(name)
+    if defaults is None:
         return dict(knobs)
-    order = {k: i for i, k in enumerate(known.knobs)}
-    changed = [k for k, v in knobs.items() if k not in known.knobs or known.knobs[k] != v]
+    order = {k: i for i, k in enumerate(defaults)}
+    changed = [k for k, v in knobs.items() if k not in defaults or defaults[k] != v]
     return {k: knobs[k] for k in sorted(changed, key=lambda k: order.get(k, len(order)))}
 
 
@@ -329,6 +332,43 @@ def package_programs() -> list[str]:
     return [n for n in programs.names() if programs.get(n).__module__.startswith("ragsuite.programs.")]
 
 
+def variant_base(name: str) -> str | None:
+    """The package program that program ``name`` is a variant of, or None (imports the programs).
+
+    A variant's class inherits from another registered program's and keeps its knobs (same names, kinds and
+    order), changing at most their defaults and search spaces: Adaptive-Note, the DeepNote ablations, the
+    HANRAG oracle. Only the nearest registered ancestor counts: a subclass that adds knobs (Adaptive-RAG over
+    IRCoT) is a program of its own.
+    """
+    from ragsuite import programs
+
+    registered = {programs.get(n): n for n in package_programs()}
+    cls = programs.get(name)
+    parent = next((c for c in cls.__mro__[1:] if c in registered), None)
+    if parent is None or _signature(parent.KNOBS) != _signature(cls.KNOBS):
+        return None
+    return registered[parent]
+
+
+def _signature(knobs: Any) -> list[tuple[str, str | None]]:
+    """Each knob's name and kind, in order (a legacy ``KNOBS`` tuple of names has no kinds)."""
+    from ragsuite.programs.knobs import Knobs
+
+    if isinstance(knobs, Knobs):
+        return [(name, knob.kind) for name, knob in knobs.items()]
+    return [(name, None) for name in knobs]
+
+
+def overridden_defaults(defaults: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``defaults`` that differ from ``base``'s, in value or type (1.0 is not 1 in ``--help``).
+
+    Example:
+        >>> overridden_defaults({"top_k": 5, "max_failure": 1}, {"top_k": 5, "max_failure": 2})
+        {'max_failure': 1}
+    """
+    return {k: v for k, v in defaults.items() if k not in base or (type(v), v) != (type(base[k]), base[k])}
+
+
 def _literal(text: str) -> str:
     """``text`` as Python source: one literal, or short ones concatenated so that lines stay short."""
     import textwrap
@@ -351,9 +391,13 @@ def _rewrite() -> str:
         head = docstring_head(cls.__doc__)
         old = entry(name)
         summary = old.summary if old is not None and summary_fits(old.summary, head) else _summary_from(head)
-        knobs = ", ".join(f"{k!r}: {v!r}" for k, v in cls.default_knobs().items())
+        defaults, base = cls.default_knobs(), variant_base(name)
+        if base is not None:  # a variant lists what it changes, not its base's whole table again
+            defaults = overridden_defaults(defaults, programs.get(base).default_knobs())
+        knobs = ", ".join(f"{k!r}: {v!r}" for k, v in defaults.items())
         target = f"{cls.__module__}:{cls.__qualname__}"
-        lines.append(f"    ProgramEntry({name!r}, {target!r}, {_literal(summary)}, {{{knobs}}}),")
+        variant = f", base={base!r}" if base is not None else ""
+        lines.append(f"    ProgramEntry({name!r}, {target!r}, {_literal(summary)}, {{{knobs}}}{variant}),")
     source = Path(__file__).read_text(encoding="utf-8")
     start = source.index("CATALOG: tuple[ProgramEntry, ...] = (\n") + len(
         "CATALOG: tuple[ProgramEntry, ...] = (\n"
@@ -394,12 +438,15 @@ __all__ = [
     "changed_knobs",
     "docstring_head",
     "entry",
+    "knob_defaults",
     "knob_table_block",
     "knob_table_pages",
     "names",
+    "overridden_defaults",
     "package_programs",
     "rewrite_knob_tables",
     "summary_fits",
+    "variant_base",
 ]
 
 
