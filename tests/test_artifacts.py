@@ -7,12 +7,12 @@ import logging
 import sys
 
 import dspy
-import optimizer_toys as toys
 import pytest
 
 import ragsuite
 from ragsuite.errors import ConfigError
 from ragsuite.optimizers import compile_program, load_program, save_program
+from ragsuite.testing import toys
 from ragsuite.testing.openai_server import LocalOpenAIServer
 
 FAKE_KEY = "sk-test-FAKEKEY-0123456789"
@@ -74,7 +74,7 @@ def test_file_is_json_with_versions_and_no_secrets(tmp_path, compiled):
     document = json.loads(text)
     assert document["format"] == "ragsuite.program"
     assert document["program"] == "toy-opt"
-    assert document["class"] == "optimizer_toys.ToyProgram"
+    assert document["class"] == "ragsuite.testing.toys.ToyProgram"
     assert document["retriever"] == {"kind": "toy", "spec": "toy:in-memory"}
     assert set(document["versions"]) >= {"ragsuite", "dspy", "optuna"}
     assert document["versions"]["dspy"] == dspy.__version__

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import dspy
-import optimizer_toys as toys
 import pytest
 
 from ragsuite.errors import ConfigError
 from ragsuite.optimizers import compile_program, feedback_metric, optimizer_metric, split_dev
 from ragsuite.optimizers.feedback import describe_outcome
 from ragsuite.retrieval.base import Passage
+from ragsuite.testing import toys
 from ragsuite.testing.responders import grounded_responder
 
 

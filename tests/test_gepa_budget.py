@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import dspy
-import optimizer_toys as toys
 import pytest
 
 from ragsuite.errors import ConfigError
@@ -21,6 +20,7 @@ from ragsuite.optimizers.compile import (
     gepa_budget,
     predictors_run_on,
 )
+from ragsuite.testing import toys
 
 
 class Fallback(dspy.Signature):

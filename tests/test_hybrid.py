@@ -434,9 +434,8 @@ def test_a_tune_study_searches_the_fusion_weights(tmp_path):
     program keeps the chosen trial's fusion."""
     import json
 
-    import optimizer_toys as toys
-
     from ragsuite.optimizers import tune
+    from ragsuite.testing import toys
 
     seen: list[dict] = []
 

@@ -10,7 +10,6 @@ import re
 import struct
 import sys
 
-import optimizer_toys as toys
 import pytest
 from test_report_html import CHROMIUM, browser_dom, layout_at
 
@@ -18,6 +17,7 @@ from ragsuite.cli import main
 from ragsuite.errors import install_hint
 from ragsuite.optimizers import tune
 from ragsuite.report_plots import pareto_flags
+from ragsuite.testing import toys
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 needs_matplotlib = pytest.mark.skipif(not HAS_MATPLOTLIB, reason="needs the plot extra (matplotlib)")

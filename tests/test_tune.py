@@ -7,9 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import optimizer_toys as toys
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -19,6 +17,7 @@ from ragsuite.errors import ConfigError
 from ragsuite.optimizers import tune
 from ragsuite.optimizers.tuning import redact_storage, resolve_storage
 from ragsuite.processes import stop_process
+from ragsuite.testing import toys
 from ragsuite.testing.responders import grounded_responder
 
 #: The Pareto plot needs the plot extra; without it only pareto.json is written.
@@ -117,14 +116,13 @@ def test_prune_stops_hopeless_trials(tmp_path):
 def test_two_workers_share_a_journal_study(tmp_path):
     storage = f"journal:{tmp_path / 'study.log'}"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "DSPY_CACHEDIR": str(tmp_path / "cache")}
-    tests_dir = str(Path(__file__).parent)
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import optimizer_toys as t; "
-        "t.run_worker(sys.argv[2], int(sys.argv[3]), 10, sys.argv[4])"
+        "import sys; from ragsuite.testing import toys; "
+        "toys.run_worker(sys.argv[1], int(sys.argv[2]), 10, sys.argv[3])"
     )
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", code, tests_dir, storage, str(seed), str(tmp_path)],
+            [sys.executable, "-c", code, storage, str(seed), str(tmp_path)],
             env=env,
             stderr=subprocess.PIPE,
         )

@@ -11,7 +11,6 @@ import sys
 import types
 from typing import Any
 
-import optimizer_toys as toys
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -30,6 +29,7 @@ from ragsuite.optimizers.tuning import (
     tuning_metadata,
     write_study_files,
 )
+from ragsuite.testing import toys
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import dspy
-import optimizer_toys as toys
 import optuna
 import pytest
 from optuna.trial import TrialState
@@ -25,6 +24,7 @@ from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.optimizers import optimization_metric, tune
 from ragsuite.optimizers.tuning import objective_values, resolve_storage
 from ragsuite.processes import stop_process
+from ragsuite.testing import toys
 from ragsuite.testing.responders import grounded_responder
 
 
@@ -294,16 +294,15 @@ def test_three_workers_create_one_fresh_sqlite_study_at_once(tmp_path):
     storage = str(tmp_path / "shared.db")
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "DSPY_CACHEDIR": str(tmp_path / "cache")}
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import optimizer_toys as t; "
-        "t.run_worker(sys.argv[2], int(sys.argv[3]), 6, sys.argv[4], workers=3)"
+        "import sys; from ragsuite.testing import toys; "
+        "toys.run_worker(sys.argv[1], int(sys.argv[2]), 6, sys.argv[3], workers=3)"
     )
-    tests_dir = str(Path(__file__).parent)
     workers = []
     try:
         for seed in (1, 2, 3):
             workers.append(
                 subprocess.Popen(
-                    [sys.executable, "-c", code, tests_dir, storage, str(seed), str(tmp_path)],
+                    [sys.executable, "-c", code, storage, str(seed), str(tmp_path)],
                     env=env,
                     stderr=subprocess.PIPE,
                 )

@@ -1,8 +1,18 @@
-"""A tiny program, retriever, data and scripted LM for the optimizer tests.
+"""A toy world with a known optimum, for testing optimizers: a program, its retriever, questions and a
+scripted LM, all in memory.
 
 The scripted answer is right only when the program sees the gold passage (ranked 5th, so top_k >= 5),
 no misleading passage (ranked 6th and 7th, so top_k <= 5) and exactly two notes (max_step == 2): the
-search space {top_k: 1, 3, 5, 7} x {max_step: 1, 2, 3} has the unique optimum top_k=5, max_step=2.
+search space {top_k: 1, 3, 5, 7} x {max_step: 1, 2, 3} has the unique optimum top_k=5, max_step=2. An
+instruction an optimizer rewrote (its proposals come from :func:`responder`) always answers right, so
+optimizers that keep the best candidate have something to find.
+
+Example:
+    >>> import dspy
+    >>> program = ToyProgram(retriever=ToyRetriever(), top_k=5, max_step=2)
+    >>> with dspy.context(lm=scripted_lm()):
+    ...     program(question=question(3)).answer
+    'Answer3'
 """
 
 from __future__ import annotations
@@ -23,10 +33,12 @@ N_QUESTIONS = 8
 
 
 def question(i: int) -> str:
+    """The ``i``-th question of the toy world."""
     return f"What is the code name of project {i}?"
 
 
 def examples(n: int = N_QUESTIONS) -> list[dspy.Example]:
+    """The first ``n`` questions as examples (``answers``, ``gold_passage_ids``), ``question`` as input."""
     return [
         dspy.Example(
             id=f"q{i}", question=question(i), answers=[f"Answer{i}"], gold_passage_ids=[f"gold{i}"], type=""
@@ -111,6 +123,9 @@ class ToyProgram(RAGProgram):
 
 
 class NoSpaceProgram(ToyProgram):
+    """The toy program with the base class's search space, which samples nothing (its knobs are plain
+    names)."""
+
     name = "toy-no-space"
 
     search_space = RAGProgram.__dict__["search_space"]
@@ -133,6 +148,7 @@ def responder(request: ScriptedRequest) -> dict[str, Any] | str:
 
 
 def toy_answer(request: ScriptedRequest) -> str:
+    """The answer field's reply: right only under the rule in the module docstring."""
     passages = request.inputs.get("passages", "")
     notes = request.inputs.get("notes", "")
     q = request.inputs.get("question", "")
@@ -151,10 +167,12 @@ def toy_answer(request: ScriptedRequest) -> str:
 
 
 def scripted_lm() -> ScriptedLM:
+    """A scripted LM answering with :func:`responder`."""
     return ScriptedLM(responder)
 
 
 def exact(example: Any, prediction: Any, trace: Any = None) -> float:
+    """Exact match against the example's answers (a DSPy metric)."""
     return float(str(prediction.answer).strip() in example.answers)
 
 
@@ -199,7 +217,7 @@ def toy_evaluate(
 
 
 def run_worker(storage: str, seed: int, trials: int, barrier: str = "", workers: int = 2) -> None:
-    """One tuning process sharing ``storage`` with others (run as a subprocess by the tests). With a
+    """One tuning process sharing ``storage`` with others (each run in a process of its own). With a
     ``barrier`` folder, it waits until ``workers`` processes are ready so that all of them take part."""
     import time
     from pathlib import Path
@@ -230,8 +248,8 @@ def run_worker(storage: str, seed: int, trials: int, barrier: str = "", workers:
 
 @contextlib.contextmanager
 def registered() -> Iterator[None]:
-    """Register :class:`ToyProgram` (program files name registered programs only), then remove it, so
-    the registry other tests see holds the shipped programs alone."""
+    """Register :class:`ToyProgram` for the duration (program files name registered programs only), then
+    remove it, so the registry holds the shipped programs alone again."""
     register(ToyProgram)
     try:
         yield
