@@ -1,11 +1,28 @@
-"""Hermetic test settings: no network, no shared caches. Environment is set before DSPy is imported."""
+"""Hermetic test settings: no network, no shared caches. Environment is set before DSPy is imported.
+
+Below the settings, the fixtures that tests in more than one folder share: the repository's root, benchmark
+scripts as modules, a tiny dense encoder, a stand-in vLLM, ``ragsuite eval`` command lines against a local
+server, and a headless browser. A folder's own helpers are fixtures of its ``conftest.py``; no test module
+imports another module of ``tests/`` (``tests/test_test_layout.py``).
+"""
 
 from __future__ import annotations
 
+import html
+import importlib.util
+import json
 import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
+from collections import Counter
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 _TMP = Path(tempfile.mkdtemp(prefix="ragsuite-tests-"))
 # litellm otherwise tries to download its model-cost map and stalls offline.
@@ -23,7 +40,9 @@ if not os.environ.get("RAGSUITE_LLAMA_SERVER"):
 os.environ.setdefault("RAGSUITE_CACHE", str(_TMP / "ragsuite_cache"))
 # The committed fixtures (a slice of every dataset, cut by tests/fixtures/make_fixtures.py): a fresh clone has
 # no other data, so no test may depend on any.
-FIXTURE_DATA = Path(__file__).resolve().parent / "fixtures" / "data"
+#: The repository's root: pyproject.toml, README.md, docs/, benchmarks/, examples/ and tests/ are under it.
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_DATA = ROOT / "tests" / "fixtures" / "data"
 os.environ["RAGSUITE_DATA"] = str(FIXTURE_DATA)
 # colbert-ai compiles C++ extensions on first use; one cache per virtual environment.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
@@ -33,6 +52,10 @@ for key in _KEYS:
 
 import dspy  # noqa: E402
 import pytest  # noqa: E402
+
+if TYPE_CHECKING:
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+    from ragsuite.testing.scripted import ScriptedRequest
 
 dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
 
@@ -50,3 +73,322 @@ def _own_redaction_registry(monkeypatch):
     from ragsuite import redaction
 
     monkeypatch.setattr(redaction, "_REGISTERED", set())
+
+
+# ------------------------------------------------------------------------------------- the repository
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    """The repository's root (the folder of pyproject.toml): docs/, benchmarks/, examples/, README.md."""
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def load_benchmark() -> Callable[[str], ModuleType]:
+    """``load_benchmark(name)``: ``benchmarks/<name>.py`` as a module (the folder is not a package), for tests
+    of a script's parts. Each call runs the script's module code afresh."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", ROOT / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the script is executed
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+# ------------------------------------------------------------------------------- a tiny dense encoder
+_SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder() -> Callable[..., Path]:
+    """``tiny_encoder(texts, out, vocab_size=N)``: a tiny random BERT sentence encoder over ``texts``' words,
+    saved in ``out`` and returned, for dense tests without model weights.
+
+    The builder writes a WordPiece vocabulary of ``texts`` and a 1-layer, 32-wide random BERT, the same in
+    every process; it skips the test (naming the dense extra) when transformers or torch is missing. The
+    vocabulary is not trained with ``tokenizers``: its trainer breaks ties in Rust hash-map order, seeded anew
+    per process, so the token ids (and now and then the tokens) would change from run to run, and the
+    embeddings with them. Here: the special tokens, every character alone and as a ``##`` continuation, then
+    the most frequent words (ties alphabetical) up to ``vocab_size``.
+    """
+    from ragsuite.errors import install_hint
+
+    def build(texts: Iterable[str], out: Path, *, vocab_size: int) -> Path:
+        reason = "needs the dense extra: " + install_hint("dense")
+        transformers = pytest.importorskip("transformers", reason=reason)
+        torch = pytest.importorskip("torch", reason=reason)
+        from tokenizers.normalizers import BertNormalizer
+        from tokenizers.pre_tokenizers import BertPreTokenizer
+
+        normalizer, pre_tokenizer = BertNormalizer(lowercase=True), BertPreTokenizer()
+        counts = Counter(
+            word
+            for text in texts
+            for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
+        )
+        chars = sorted({c for word in counts for c in word})
+        vocab = [*_SPECIAL_TOKENS, *chars, *(f"##{c}" for c in chars)]
+        words = sorted((w for w in counts if len(w) > 1), key=lambda w: (-counts[w], w))
+        vocab += words[: max(0, vocab_size - len(vocab))]
+        (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        transformers.BertTokenizerFast(vocab_file=str(out / "vocab.txt")).save_pretrained(str(out))
+        torch.manual_seed(0)
+        config = transformers.BertConfig(
+            vocab_size=len(vocab),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+        )
+        transformers.BertModel(config).save_pretrained(str(out))
+        return out
+
+    return build
+
+
+# ---------------------------------------------------------------------------------- a stand-in vLLM
+_FAKE_VLLM = textwrap.dedent(
+    """\
+    #!{python}
+    import json, os, signal, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    args = sys.argv[1:]
+    if {fail}:
+        print("fake vllm: CUDA not available", file=sys.stderr)
+        sys.exit(3)
+    assert args[0] == "serve", args
+    port = int(args[args.index("--port") + 1])
+    if port == {fail_port}:
+        sys.exit(5)
+    name = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else args[1]
+    env = os.environ
+    record = {{"args": args, "key": env.get("VLLM_API_KEY"), "gpus": env.get("CUDA_VISIBLE_DEVICES")}}
+    with open(os.path.join({logs!r}, f"{{port}}.json"), "w") as f:
+        json.dump(record, f)
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            body = json.dumps({{"data": [{{"id": name}}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def fake_vllm() -> Callable[..., tuple[Path, Path]]:
+    """``fake_vllm(folder, fail=False, fail_port=0)``: a stand-in ``vllm`` executable for the tests of
+    ``ragsuite serve``, written as ``folder/vllm``; returns it and the folder of its records.
+
+    It takes ``vllm serve MODEL --port PORT ...``, records what it was started with in ``logs/PORT.json``
+    (``args``, ``key``: its ``$VLLM_API_KEY``, ``gpus``: its ``$CUDA_VISIBLE_DEVICES``) and serves
+    ``/v1/models`` (``--served-model-name``, else MODEL) on 127.0.0.1, whatever ``--host`` says, until SIGINT
+    or SIGTERM, on which it exits 0. ``fail``: it exits 3 at once with a CUDA error, as vLLM on a machine
+    without a GPU does. ``fail_port``: it exits 5 at once when asked to serve on this port (one failing
+    replica).
+    """
+
+    def write(folder: Path, *, fail: bool = False, fail_port: int = 0) -> tuple[Path, Path]:
+        logs = folder / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        script = folder / "vllm"
+        script.write_text(
+            _FAKE_VLLM.format(python=sys.executable, fail=fail, fail_port=fail_port, logs=str(logs))
+        )
+        script.chmod(0o755)
+        return script, logs
+
+    return write
+
+
+# ------------------------------------------------------------------- `ragsuite eval` against a local server
+_OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)
+
+
+@pytest.fixture(scope="session")
+def universal_responder() -> Callable[[dict[str, str]], Callable[[ScriptedRequest], dict]]:
+    """``universal_responder(gold)``: a responder that answers any stage of any program with a well-typed
+    value; the answer stage gets the gold answer of the question (``gold``: question -> answer)."""
+
+    def make(gold: dict[str, str]) -> Callable[[ScriptedRequest], dict]:
+        def respond(request: ScriptedRequest) -> dict:
+            section = request.system.split("Your output fields are:", 1)[-1]
+            types = dict(_OUTPUT_FIELD.findall(section))
+            values: dict = {}
+            for name in request.output_fields:
+                kind = types.get(name, "str")
+                if kind.startswith("Literal["):
+                    values[name] = re.findall(r"'([^']*)'", kind)[-1]
+                elif kind == "bool":
+                    values[name] = "True"
+                elif kind == "list[int]":
+                    values[name] = [1, 2]
+                elif kind.startswith("list"):
+                    values[name] = ["what is it about"]
+                elif kind in ("int", "float"):
+                    values[name] = "1"
+                elif name == "answer":
+                    values[name] = gold.get(request.inputs.get("question", ""), "an answer")
+                else:
+                    values[name] = "a note about the question"
+            return values
+
+        return respond
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def eval_args() -> Callable[..., list[str]]:
+    """``eval_args(server, out, *extra, program="vanilla", dataset="hotpotqa")``: the argument list of a
+    ``ragsuite eval`` run against the local ``server``, without cache or progress bar, writing to ``out``."""
+
+    def args(
+        server: LocalOpenAIServer, out: Path, *extra: str, program: str = "vanilla", dataset: str = "hotpotqa"
+    ) -> list:
+        return [
+            "eval",
+            "--program",
+            program,
+            "--dataset",
+            dataset,
+            "--lm",
+            "openai/scripted",
+            "--api-base",
+            server.api_base,
+            "--no-cache",
+            "--no-progress",
+            "--out",
+            str(out),
+            *extra,
+        ]
+
+    return args
+
+
+@pytest.fixture(scope="session")
+def run_eval() -> Callable[[LocalOpenAIServer, Path, str], Path]:
+    """``run_eval(server, out, program)``: ``ragsuite eval`` of ``program`` on 4 HotpotQA questions against
+    the local ``server``, written to ``out`` (returned); fails the test when the run fails."""
+    from ragsuite.cli import main
+
+    def run(server: LocalOpenAIServer, out: Path, program: str) -> Path:
+        argv = ["eval", "--program", program, "--dataset", "hotpotqa", "--limit", "4", "--no-cache"]
+        argv += ["--no-progress", "--lm", "openai/scripted", "--api-base", server.api_base, "--out", str(out)]
+        assert main(argv) == 0
+        return out
+
+    return run
+
+
+# -------------------------------------------------------------------------------- a headless browser
+_BROWSER = ["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
+
+# Appended to a copy of a report: once the page has rendered, writes what overflows into <pre id=measure>:
+# the page's width against the window's, elements reaching past the window's right edge, SVG texts outside
+# their drawing, and where the run selector ends.
+_MEASURE = """<script>
+window.addEventListener('load', () => {
+  const de = document.documentElement, width = de.clientWidth, out = {width, scroll: de.scrollWidth};
+  const visible = e => { const r = e.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
+  out.overflowing = [...document.body.querySelectorAll('*')].filter(visible)
+    .filter(e => e.getBoundingClientRect().right > width + 0.5)
+    .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' ' + (e.textContent || '').slice(0, 40));
+  out.clipped = [];
+  out.texts = 0;
+  document.querySelectorAll('svg').forEach(svg => {
+    const box = svg.getBoundingClientRect();
+    svg.querySelectorAll('text').forEach(t => {
+      out.texts++;
+      const r = t.getBoundingClientRect();
+      const outside = r.left < box.left - 0.5 || r.right > box.right + 0.5;
+      if (outside || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5) out.clipped.push(t.textContent);
+    });
+  });
+  const run = document.getElementById('run');
+  out.run = run ? run.getBoundingClientRect().right : 0;
+  out.labels = [...document.querySelectorAll('#run option')].map(o => o.textContent);
+  const pre = document.createElement('pre');
+  pre.id = 'measure';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str | None:
+    """The headless browser's executable (chromium), or None on a machine without one."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="session")
+def browser_dom(chromium: str | None) -> Callable[[Path, Path], str]:
+    """``browser_dom(page, screenshot)``: the DOM after the page's script ran, and a screenshot, from headless
+    Chromium. A test that asks for it is skipped on a machine without the browser."""
+    from ragsuite.processes import stop_process
+
+    if chromium is None:
+        pytest.skip("needs a browser: apt-get install chromium")
+
+    def dom_of(page: Path, screenshot: Path) -> str:
+        process = subprocess.Popen(
+            [chromium, *_BROWSER, "--dump-dom", page.as_uri()],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            dom, _ = process.communicate(timeout=90)
+        finally:
+            stop_process(process)
+        shot = subprocess.Popen(
+            [chromium, *_BROWSER, f"--screenshot={screenshot}", "--window-size=1200,1600", page.as_uri()],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            shot.wait(timeout=90)
+        finally:
+            stop_process(shot)
+        return dom
+
+    return dom_of
+
+
+@pytest.fixture(scope="session")
+def layout_at(chromium: str | None) -> Callable[[Path, int], dict]:
+    """``layout_at(page, width)``: what overflows when ``page`` is shown in a ``width``-px wide window of
+    headless Chromium. A test that asks for it is skipped on a machine without the browser."""
+    from ragsuite.processes import stop_process
+
+    if chromium is None:
+        pytest.skip("needs a browser: apt-get install chromium")
+
+    def measure(page: Path, width: int) -> dict:
+        probe = page.with_name(page.stem + "-measured.html")
+        probe.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
+        process = subprocess.Popen(
+            [chromium, *_BROWSER, f"--window-size={width},900", "--dump-dom", probe.as_uri()],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        try:
+            dom, _ = process.communicate(timeout=90)
+        finally:
+            stop_process(process)
+        found = re.search(r'<pre id="measure">(.*?)</pre>', dom, re.S)
+        assert found, "the page did not finish rendering"
+        return json.loads(html.unescape(found.group(1)))
+
+    return measure

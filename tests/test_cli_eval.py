@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -21,62 +19,10 @@ from ragsuite.data.datasets import load_dataset
 from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 from ragsuite.testing.scripted import ScriptedRequest
-from tests.vllm_fakes import write_fake_vllm
-
-_OUTPUT_FIELD = re.compile(r"^\d+\. `(\w+)` \((.*)\):", re.MULTILINE)
-
-
-def universal_responder(gold: dict[str, str]):
-    """Answers any stage of any program with a well-typed value; the answer stage gets the gold answer."""
-
-    def respond(request: ScriptedRequest) -> dict:
-        section = request.system.split("Your output fields are:", 1)[-1]
-        types = dict(_OUTPUT_FIELD.findall(section))
-        values: dict = {}
-        for name in request.output_fields:
-            kind = types.get(name, "str")
-            if kind.startswith("Literal["):
-                values[name] = re.findall(r"'([^']*)'", kind)[-1]
-            elif kind == "bool":
-                values[name] = "True"
-            elif kind == "list[int]":
-                values[name] = [1, 2]
-            elif kind.startswith("list"):
-                values[name] = ["what is it about"]
-            elif kind in ("int", "float"):
-                values[name] = "1"
-            elif name == "answer":
-                values[name] = gold.get(request.inputs.get("question", ""), "an answer")
-            else:
-                values[name] = "a note about the question"
-        return values
-
-    return respond
 
 
 def gold_answers(dataset: str, limit: int) -> dict[str, str]:
     return {ex.question: ex.answers[0] for ex in load_dataset(dataset)[:limit]}
-
-
-def eval_args(
-    server: LocalOpenAIServer, out: Path, *extra: str, program="vanilla", dataset="hotpotqa"
-) -> list:
-    return [
-        "eval",
-        "--program",
-        program,
-        "--dataset",
-        dataset,
-        "--lm",
-        "openai/scripted",
-        "--api-base",
-        server.api_base,
-        "--no-cache",
-        "--no-progress",
-        "--out",
-        str(out),
-        *extra,
-    ]
 
 
 RETRIEVER = {"triviaqa": ["--retriever", "bm25:nq"]}
@@ -100,7 +46,7 @@ RETRIEVER = {"triviaqa": ["--retriever", "bm25:nq"]}
     ]
     + [("vanilla", d) for d in ("2wikimultihopqa", "musique", "nq", "triviaqa")],
 )
-def test_every_program_runs_end_to_end(program, dataset, tmp_path, capsys):
+def test_every_program_runs_end_to_end(program, dataset, tmp_path, capsys, universal_responder, eval_args):
     gold = gold_answers(dataset, 2)
     with LocalOpenAIServer(universal_responder(gold)) as server:
         code = main(
@@ -119,7 +65,9 @@ def test_every_program_runs_end_to_end(program, dataset, tmp_path, capsys):
         assert summary["metrics"]["exact_match"] == 1.0
 
 
-def test_eval_vanilla_on_real_questions_then_resume_and_report(tmp_path, capsys):
+def test_eval_vanilla_on_real_questions_then_resume_and_report(
+    tmp_path, capsys, universal_responder, eval_args
+):
     gold = gold_answers("hotpotqa", 3)
     with LocalOpenAIServer(universal_responder(gold)) as server:
         assert main(eval_args(server, tmp_path / "a", "--limit", "3", "--set", "top_k=3")) == 0
@@ -142,7 +90,7 @@ def test_eval_vanilla_on_real_questions_then_resume_and_report(tmp_path, capsys)
     assert "vanilla (top_k=3)" in table and "| no-retrieval | hotpotqa |" in table
 
 
-def test_changed_configuration_is_refused(tmp_path, capsys):
+def test_changed_configuration_is_refused(tmp_path, capsys, universal_responder, eval_args):
     gold = gold_answers("hotpotqa", 2)
     with LocalOpenAIServer(universal_responder(gold)) as server:
         assert main(eval_args(server, tmp_path, "--limit", "2")) == 0
@@ -152,7 +100,7 @@ def test_changed_configuration_is_refused(tmp_path, capsys):
     assert "knobs.top_k: 5 -> 7" in err and "lm.temperature: 0.1 -> 0.7" in err and "new --out" in err
 
 
-def test_max_errors_and_failures_counted_apart(tmp_path, capsys):
+def test_max_errors_and_failures_counted_apart(tmp_path, capsys, universal_responder, eval_args):
     with LocalOpenAIServer(universal_responder({}), fault_fn=lambda n, r: Fault("server_error")) as server:
         code = main(
             eval_args(
@@ -166,7 +114,9 @@ def test_max_errors_and_failures_counted_apart(tmp_path, capsys):
     assert server.chat_requests == 2
 
 
-def test_no_file_or_log_line_contains_the_api_key(tmp_path, capsys, caplog, monkeypatch):
+def test_no_file_or_log_line_contains_the_api_key(
+    tmp_path, capsys, caplog, monkeypatch, universal_responder, eval_args
+):
     secret = "sk-fake-secret-0123456789abcdef"
     monkeypatch.setenv("RAGSUITE_TEST_LM_KEY", secret)
     caplog.set_level(logging.DEBUG)
@@ -189,7 +139,9 @@ def test_no_file_or_log_line_contains_the_api_key(tmp_path, capsys, caplog, monk
     assert manifest["lm"]["key_env"] == "RAGSUITE_TEST_LM_KEY"
 
 
-def test_clear_errors_for_unreachable_server_unknown_model_key_and_knob(tmp_path, capsys):
+def test_clear_errors_for_unreachable_server_unknown_model_key_and_knob(
+    tmp_path, capsys, universal_responder
+):
     base = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--out", str(tmp_path / "x")]
     code = main([*base, "--lm", f"vllm:m@http://127.0.0.1:{free_port()}/v1"])
     assert code == 2 and "cannot reach the LM server" in capsys.readouterr().err
@@ -222,8 +174,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_serve_launches_waits_prints_flags_and_stops_on_ctrl_c(tmp_path):
-    _, logs = write_fake_vllm(tmp_path)
+def test_serve_launches_waits_prints_flags_and_stops_on_ctrl_c(tmp_path, fake_vllm):
+    _, logs = fake_vllm(tmp_path)
     port = free_port()
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
     process = subprocess.Popen(
@@ -267,9 +219,9 @@ def test_serve_launches_waits_prints_flags_and_stops_on_ctrl_c(tmp_path):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
 
 
-def test_a_killed_serve_leaves_no_vllm_behind(tmp_path):
+def test_a_killed_serve_leaves_no_vllm_behind(tmp_path, fake_vllm):
     """kill -9 of `ragsuite serve` cannot run its cleanup: the server must still go down with it."""
-    write_fake_vllm(tmp_path)
+    fake_vllm(tmp_path)
     port = free_port()
     env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
     argv = [sys.executable, "-m", "ragsuite", "serve", "--model", "org/M", "--port", str(port)]
@@ -291,18 +243,18 @@ def test_a_killed_serve_leaves_no_vllm_behind(tmp_path):
         stop_process(process)
 
 
-def test_serve_errors(tmp_path, capsys, monkeypatch):
+def test_serve_errors(tmp_path, capsys, monkeypatch, fake_vllm):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert main(["serve", "--model", "m"]) == 2
     assert "no `vllm` executable on PATH" in capsys.readouterr().err
-    script, _ = write_fake_vllm(tmp_path, fail=True)
+    script, _ = fake_vllm(tmp_path, fail=True)
     started = time.monotonic()
     assert main(["serve", "--model", "m", "--vllm", str(script), "--port", str(free_port())]) == 2
     assert "vllm exited with code 3 before serving" in capsys.readouterr().err
     assert time.monotonic() - started < 20
 
 
-def test_eval_a_saved_program_file(tmp_path, capsys):
+def test_eval_a_saved_program_file(tmp_path, capsys, eval_args, universal_responder):
     from ragsuite import programs
     from ragsuite.retrieval.spec import build_retriever
 
@@ -319,7 +271,9 @@ def test_eval_a_saved_program_file(tmp_path, capsys):
     assert len(manifest["program_file_sha256"]) == 64 and manifest["retriever"]["spec"] == "bm25:hotpotqa"
 
 
-def test_a_server_behind_basic_auth_in_the_url_works_and_the_password_is_never_written(tmp_path, capsys):
+def test_a_server_behind_basic_auth_in_the_url_works_and_the_password_is_never_written(
+    tmp_path, capsys, universal_responder
+):
     """--api-base http://user:pass@host/v1 used to fail as a network error, and the raw --lm spec (which may
     hold the URL) was written verbatim into the run files."""
     gold = gold_answers("hotpotqa", 2)
@@ -344,7 +298,7 @@ def test_a_server_behind_basic_auth_in_the_url_works_and_the_password_is_never_w
         assert set(server.authorizations) == {expected}  # every request, the /models check included
 
 
-def test_a_basic_auth_token_echoed_by_the_server_is_written_nowhere(tmp_path, capsys):
+def test_a_basic_auth_token_echoed_by_the_server_is_written_nowhere(tmp_path, capsys, universal_responder):
     """A server quoting the request's ``Authorization: Basic <base64>`` in its error: the encoded password
     reached records.jsonl, the HTML report and stderr. The password holds an ``@`` as well."""
     import base64

@@ -7,11 +7,9 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from ragsuite.cli import COMMANDS
 
-ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("dspy", "torch", "litellm", "transformers", "optuna")
 
 # Runs in a fresh interpreter: prints each command path's --help through main() in turn (the top level
@@ -50,7 +48,7 @@ def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
     return found
 
 
-def test_help_of_every_command_imports_neither_dspy_nor_torch() -> None:
+def test_help_of_every_command_imports_neither_dspy_nor_torch(repo_root) -> None:
     from ragsuite.cli import build_parser
 
     paths = command_paths(build_parser())
@@ -61,7 +59,7 @@ def test_help_of_every_command_imports_neither_dspy_nor_torch() -> None:
         [sys.executable, "-c", _PROBE, json.dumps(HEAVY), json.dumps(paths)],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=repo_root,
         timeout=120,
         check=True,
     )
@@ -99,13 +97,13 @@ def test_main_builds_only_the_command_it_runs() -> None:
     assert not any("--program" in a.option_strings for a in subparsers.choices["eval"]._actions)
 
 
-def test_python_m_ragsuite_help_imports_no_dspy() -> None:
+def test_python_m_ragsuite_help_imports_no_dspy(repo_root) -> None:
     """The entry point itself (``python -m ragsuite``), checked with ``-X importtime``'s list of imports."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "ragsuite", "--help"],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=repo_root,
         timeout=120,
         check=True,
     )
@@ -115,7 +113,7 @@ def test_python_m_ragsuite_help_imports_no_dspy() -> None:
     assert not imported & set(HEAVY)
 
 
-def test_catalog_matches_the_registry() -> None:
+def test_catalog_matches_the_registry(repo_root) -> None:
     from ragsuite import programs
     from ragsuite.programs.catalog import (
         CATALOG,
@@ -135,7 +133,7 @@ def test_catalog_matches_the_registry() -> None:
         "from ragsuite.programs.catalog import names, package_programs; print(names() == package_programs())"
     )
     fresh = subprocess.run(
-        [sys.executable, "-c", order], capture_output=True, text=True, cwd=ROOT, timeout=120
+        [sys.executable, "-c", order], capture_output=True, text=True, cwd=repo_root, timeout=120
     )
     assert fresh.stdout.strip() == "True", (
         "the catalog lists the programs in another order" + fix + fresh.stderr
@@ -198,7 +196,7 @@ def test_align_recipe_names_match_the_builder() -> None:
     assert list(RECIPE_PROGRAMS) == list(RECIPES)
 
 
-def test_lazy_packages_still_serve_their_names() -> None:
+def test_lazy_packages_still_serve_their_names(repo_root) -> None:
     """``ragsuite.programs`` and ``ragsuite.align`` load their heavy parts on first use, not on import."""
     code = (
         "import sys; import ragsuite.programs, ragsuite.align, ragsuite.programs.catalog; "
@@ -208,6 +206,8 @@ def test_lazy_packages_still_serve_their_names() -> None:
         "assert 'dspy' in sys.modules and RAGProgram.__name__ == 'RAGProgram' and 'deepnote' in RECIPES; "
         "print(TRAIN_FILE)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=repo_root, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "train.jsonl"

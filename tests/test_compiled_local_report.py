@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (rows of test records read best one to a line)
 """The compiled-on-the-local-LM study's parts: records appended once, and the report rendered from a run
 folder's records alone, side by side over the questions every arm answered."""
 
@@ -7,9 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.benchmark_scripts import load_benchmark
+import pytest
 
-bench = load_benchmark("compiled_local")
+
+@pytest.fixture(scope="module")
+def bench(load_benchmark):
+    """``benchmarks/compiled_local.py`` as a module."""
+    return load_benchmark("compiled_local")
 
 
 def _record(qid: str, accuracy: float, *, error: str | None = None) -> dict:
@@ -21,7 +24,7 @@ def _record(qid: str, accuracy: float, *, error: str | None = None) -> dict:
     }
 
 
-def test_records_already_kept_are_not_appended_again(tmp_path: Path) -> None:
+def test_records_already_kept_are_not_appended_again(tmp_path: Path, bench) -> None:
     path = tmp_path / "hotpotqa.deepnote.records.jsonl.gz"
     bench.append_records(path, [_record("a", 1.0), _record("b", 0.0)])
     bench.append_records(
@@ -34,7 +37,7 @@ def test_records_already_kept_are_not_appended_again(tmp_path: Path) -> None:
     ]
 
 
-def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_path: Path) -> None:
+def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_path: Path, bench) -> None:
     labels = [label for label, _, _ in bench.ARMS]
     chunks = [
         {"dataset": "hotpotqa", "arm": label, "chunk": 0, "questions": 2, "wall": wall, "server": {}}
@@ -68,12 +71,9 @@ def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_
     assert "`python benchmarks/compiled_local.py --out X`" in report
 
 
-def test_the_docs_table_is_the_report_of_the_committed_records() -> None:
+def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root) -> None:
     """docs/local-lm.md shows the report rendered from benchmarks/results/compiled-local, not a paste."""
-    root = Path(__file__).resolve().parents[1]
-    while not (root / "docs").is_dir():
-        root = root.parent
-    page = (root / "docs" / "local-lm.md").read_text(encoding="utf-8")
+    page = (repo_root / "docs" / "local-lm.md").read_text(encoding="utf-8")
     shown = page.split("<!-- compiled-local:start -->\n", 1)[1].split("<!-- compiled-local:end -->", 1)[0]
-    report = bench.report(root / "benchmarks" / "results" / "compiled-local")
+    report = bench.report(repo_root / "benchmarks" / "results" / "compiled-local")
     assert shown.strip() == report, "rerun: python benchmarks/compiled_local.py --out ... --report --docs ..."

@@ -152,12 +152,11 @@ def test_crafted_weight_files_give_one_clean_error(tmp_path) -> None:
         ("tokenizer.json", b'{"version": "1.0", "model": 5}'),
     ],
 )
-def test_a_corrupt_checkpoint_classifier_gives_one_clean_error(tmp_path, name, data) -> None:
-    from tests.tiny_encoder import build_tiny_encoder
+def test_a_corrupt_checkpoint_classifier_gives_one_clean_error(tmp_path, name, data, tiny_encoder) -> None:
 
     questions, _ = toy(NAMES)
     (tmp_path / "encoder").mkdir()
-    encoder = build_tiny_encoder(questions, tmp_path / "encoder", vocab_size=200)
+    encoder = tiny_encoder(questions, tmp_path / "encoder", vocab_size=200)
     directory = TransformerComplexityClassifier(encoder, local_only=True).save(tmp_path / "clf")
     (directory / "model" / name).write_bytes(data)
     rewrite_checksums(directory)
@@ -191,9 +190,10 @@ def test_a_classifier_retrained_in_place_is_another_configuration(tmp_path) -> N
     assert "artifacts" not in default_manifest(AdaptiveRAG(retriever=fresh()), "hotpotqa", ["q1"])
 
 
-def test_eval_refuses_to_resume_after_the_classifier_was_retrained_in_place(tmp_path, capsys) -> None:
+def test_eval_refuses_to_resume_after_the_classifier_was_retrained_in_place(
+    tmp_path, capsys, universal_responder, eval_args
+) -> None:
     from ragsuite.testing.openai_server import LocalOpenAIServer
-    from tests.test_cli_eval import eval_args, universal_responder
 
     questions, labels = toy(NAMES)
     directory = ComplexityClassifier(dims=1024).fit(questions, labels, epochs=20).save(tmp_path / "clf")
@@ -332,13 +332,12 @@ def test_a_config_naming_files_outside_its_directory_is_refused(tmp_path) -> Non
         load_classifier(directory)
 
 
-def test_a_fine_tuned_checkpoint_classifies_reloads_and_routes(tmp_path, capsys) -> None:
+def test_a_fine_tuned_checkpoint_classifies_reloads_and_routes(tmp_path, capsys, tiny_encoder) -> None:
     """The paper's kind of classifier: a (tiny, random) pretrained encoder fine-tuned on the labels."""
-    from tests.tiny_encoder import build_tiny_encoder
 
     questions, labels = toy(NAMES)
     (tmp_path / "encoder").mkdir()
-    encoder = build_tiny_encoder(questions, tmp_path / "encoder", vocab_size=200)
+    encoder = tiny_encoder(questions, tmp_path / "encoder", vocab_size=200)
     before = TransformerComplexityClassifier(encoder, local_only=True).accuracy(questions, labels)
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)  # dropout's draws

@@ -8,9 +8,14 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.benchmark_scripts import load_benchmark
+import pytest
 
-bench = load_benchmark("real_lm")
+
+@pytest.fixture(scope="module")
+def bench(load_benchmark):
+    """``benchmarks/real_lm.py`` as a module."""
+    return load_benchmark("real_lm")
+
 
 PASSAGES = {pid: SimpleNamespace(title=f"T{pid}", text=f"text {pid}") for pid in "abcdef"}
 RECORD = {
@@ -26,7 +31,7 @@ RECORD = {
 }
 
 
-def test_the_official_calls_follow_the_record_s_steps() -> None:
+def test_the_official_calls_follow_the_record_s_steps(bench) -> None:
     calls = bench.official_calls(RECORD, PASSAGES)
     assert [stage for stage, _ in calls] == [
         "note_init",
@@ -49,7 +54,7 @@ def _write(folder: Path, name: str, rows: list[dict]) -> None:
     (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_path: Path) -> None:
+def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_path: Path, bench) -> None:
     server = {"parallel": 2, "ctx": 8192, "threads": 1, "batch_threads": 2}
     chunks = [
         {"arm": "before", "chunk": 0, "questions": 2, "wall": 100.0, "server": server, "official_prompt_tokens": [900, 1100]},
@@ -87,17 +92,18 @@ def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_pat
     assert "| after | note_init | 0.5 | 1,000 | 10% | 50 (50) | 2.5 |" in report
 
 
-def test_a_folder_without_a_chunk_run_by_both_arms_reports_nothing(tmp_path: Path) -> None:
+def test_a_folder_without_a_chunk_run_by_both_arms_reports_nothing(tmp_path: Path, bench) -> None:
     _write(tmp_path, "chunks.jsonl", [{"arm": "before", "chunk": 0, "questions": 2, "wall": 1.0}])
     assert bench.cost_report(tmp_path) == "no chunk was run by both arms"
 
 
-def test_the_docs_table_is_the_report_of_the_committed_records() -> None:
+def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root) -> None:
     """docs/local-lm.md shows the cost report rendered from benchmarks/results/deepnote-cost, not a paste."""
-    root = Path(__file__).resolve().parents[1]
-    page = (root / "docs" / "local-lm.md").read_text(encoding="utf-8")
+    page = (repo_root / "docs" / "local-lm.md").read_text(encoding="utf-8")
     shown = page.split("<!-- deepnote-cost:start -->\n", 1)[1].split("\n<!-- deepnote-cost:end -->", 1)[0]
-    report = bench.cost_report(root / "benchmarks" / "results" / "deepnote-cost", command=bench.COST_COMMAND)
+    report = bench.cost_report(
+        repo_root / "benchmarks" / "results" / "deepnote-cost", command=bench.COST_COMMAND
+    )
     assert shown == report, (
         "rerun: " + bench.COST_COMMAND.split(" --data-dir")[0] + " --report --out ... --docs ..."
     )

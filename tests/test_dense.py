@@ -4,7 +4,6 @@ the on-disk embedding cache, batch, spec, and its use in a hybrid."""
 from __future__ import annotations
 
 import pytest
-from tiny_encoder import build_tiny_encoder
 
 from ragsuite.errors import ConfigError
 from ragsuite.retrieval.base import Passage
@@ -27,10 +26,8 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def encoder_dir(tmp_path_factory):
-    return build_tiny_encoder(
-        [p.render() for p in CORPUS], tmp_path_factory.mktemp("encoder"), vocab_size=500
-    )
+def encoder_dir(tmp_path_factory, tiny_encoder):
+    return tiny_encoder([p.render() for p in CORPUS], tmp_path_factory.mktemp("encoder"), vocab_size=500)
 
 
 def test_exact_text_search_cache_and_batch(encoder_dir, tmp_path, caplog):
@@ -109,13 +106,13 @@ def test_dense_over_a_corpus_file_and_its_saved_spec(encoder_dir, tmp_path):
     assert rebuild_retriever(described).describe() == described
 
 
-def test_fusion_benchmark_writes_records_and_the_docs_tables(encoder_dir, tmp_path, data_dir, capsys):
+def test_fusion_benchmark_writes_records_and_the_docs_tables(
+    encoder_dir, tmp_path, data_dir, capsys, load_benchmark
+):
     """``benchmarks/retrieval.py --hybrid`` on a fixture dataset (the tiny encoder standing in for MiniLM):
     every column's recall and speed, the tuned settings and the fitted defaults in the records, and the docs
     page's fusion block replaced by the tables ``--render`` prints from those records."""
     import json
-
-    from benchmark_scripts import load_benchmark
 
     bench = load_benchmark("retrieval")
     page = tmp_path / "page.md"

@@ -11,7 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-from tiny_encoder import build_tiny_encoder
 
 from ragsuite.errors import ConfigError, MissingExtraError, install_hint
 
@@ -28,11 +27,9 @@ def corpus(data_dir):
 
 
 @pytest.fixture(scope="module")
-def encoder_dir(tmp_path_factory, corpus):
+def encoder_dir(tmp_path_factory, corpus, tiny_encoder):
     pytest.importorskip("faiss", reason="needs the dense extra: " + install_hint("dense"))
-    return build_tiny_encoder(
-        [p.render() for p in corpus], tmp_path_factory.mktemp("encoder"), vocab_size=2000
-    )
+    return tiny_encoder([p.render() for p in corpus], tmp_path_factory.mktemp("encoder"), vocab_size=2000)
 
 
 def _dense(corpus, encoder_dir, cache_dir, **settings):

@@ -24,9 +24,7 @@ from ragsuite.data.datasets import load_dataset
 from ragsuite.errors import install_hint
 from ragsuite.testing.openai_server import LocalOpenAIServer
 from ragsuite.testing.responders import grounded_responder
-from tests.benchmark_scripts import load_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
 MARK = "<!-- docs-test: run -->"
 _BLOCK = re.compile(r"^" + re.escape(MARK) + r"\s*\n```(\w+)\n(.*?)\n```", re.MULTILINE | re.DOTALL)
 _LOCAL_LM_PY = 'build_lm("local")'
@@ -92,8 +90,8 @@ def _takes_progress(argv: list[str]) -> int:
     return int(argv[1:2] == ["eval"])
 
 
-def test_getting_started_runs_on_a_fresh_clone(clone: Path, data_dir: Path) -> None:
-    blocks = marked_blocks(ROOT / "docs" / "getting-started.md")
+def test_getting_started_runs_on_a_fresh_clone(clone: Path, data_dir: Path, repo_root) -> None:
+    blocks = marked_blocks(repo_root / "docs" / "getting-started.md")
     languages = [language for language, _ in blocks]
     assert languages.count("bash") >= 3 and "python" in languages, languages
     gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa", data_dir=data_dir)}
@@ -117,24 +115,24 @@ def test_getting_started_runs_on_a_fresh_clone(clone: Path, data_dir: Path) -> N
     assert "'lm_calls'" in snippet and "note_init" in snippet
 
 
-def test_readme_snippet_runs_and_its_links_exist(clone: Path) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_readme_snippet_runs_and_its_links_exist(clone: Path, repo_root) -> None:
+    readme = (repo_root / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 300
     for target in re.findall(r"\]\((docs/[^)#]+)", readme):
-        assert (ROOT / target).is_file(), f"README links to {target}, which does not exist"
+        assert (repo_root / target).is_file(), f"README links to {target}, which does not exist"
     assert "../shared" not in readme
-    blocks = marked_blocks(ROOT / "README.md")
+    blocks = marked_blocks(repo_root / "README.md")
     assert [language for language, _ in blocks] == ["python"]
     with LocalOpenAIServer(grounded_responder({})) as server:
         (printed,) = run_blocks(blocks, server)
     assert "'lm_calls'" in printed
 
 
-def test_the_readme_and_getting_started_give_the_same_set_up_command() -> None:
+def test_the_readme_and_getting_started_give_the_same_set_up_command(repo_root) -> None:
     def first_command(path: Path) -> str:
         return re.search(r"```bash\n(python3 -m venv .*?)\n```", path.read_text(encoding="utf-8")).group(1)
 
-    assert first_command(ROOT / "README.md") == first_command(ROOT / "docs" / "getting-started.md")
+    assert first_command(repo_root / "README.md") == first_command(repo_root / "docs" / "getting-started.md")
 
 
 def set_up_problems(readme: str, ci_script: str) -> list[str]:
@@ -161,16 +159,16 @@ def set_up_problems(readme: str, ci_script: str) -> list[str]:
     return problems
 
 
-def test_the_readme_shows_each_set_up_command_with_what_it_prints() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert set_up_problems(readme, (ROOT / ".ci" / "run").read_text(encoding="utf-8")) == []
+def test_the_readme_shows_each_set_up_command_with_what_it_prints(repo_root) -> None:
+    readme = (repo_root / "README.md").read_text(encoding="utf-8")
+    assert set_up_problems(readme, (repo_root / ".ci" / "run").read_text(encoding="utf-8")) == []
 
 
-def test_the_pareto_example_runs_on_the_fixtures_and_writes_only_under_out(tmp_path: Path) -> None:
+def test_the_pareto_example_runs_on_the_fixtures_and_writes_only_under_out(tmp_path: Path, repo_root) -> None:
     pytest.importorskip("matplotlib", reason="the plot needs the plot extra: " + install_hint("plot"))
-    committed = ROOT / "docs" / "pareto.png"
+    committed = repo_root / "docs" / "pareto.png"
     before = committed.read_bytes()
-    spec = importlib.util.spec_from_file_location("pareto_example", ROOT / "docs" / "pareto_example.py")
+    spec = importlib.util.spec_from_file_location("pareto_example", repo_root / "docs" / "pareto_example.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     out = tmp_path / "out"
@@ -182,28 +180,28 @@ def test_the_pareto_example_runs_on_the_fixtures_and_writes_only_under_out(tmp_p
     assert committed.read_bytes() == before  # the committed picture is never overwritten
 
 
-def test_every_program_module_is_shown_on_a_program_page() -> None:
+def test_every_program_module_is_shown_on_a_program_page(repo_root) -> None:
     from ragsuite import programs
 
     shown = set()
-    for page in (ROOT / "docs" / "programs").glob("*.md"):
+    for page in (repo_root / "docs" / "programs").glob("*.md"):
         shown.update(re.findall(r"^::: ([\w.]+)$", page.read_text(encoding="utf-8"), re.MULTILINE))
     modules = {programs.get(name).__module__ for name in programs.names()}
     assert modules and modules <= shown, f"no program page shows the docstring of {sorted(modules - shown)}"
 
 
-def test_every_docs_page_is_in_the_site_nav() -> None:
-    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
-    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+def test_every_docs_page_is_in_the_site_nav(repo_root) -> None:
+    nav = (repo_root / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    pages = {str(p.relative_to(repo_root / "docs")) for p in (repo_root / "docs").rglob("*.md")}
     assert pages, "no docs pages"
     missing = sorted(page for page in pages if not re.search(rf"(^|[\s:]){re.escape(page)}\s*$", nav, re.M))
     assert not missing, f"pages not in mkdocs.yml's nav: {missing}"
 
 
-def test_the_programs_table_states_every_programs_defaults() -> None:
+def test_the_programs_table_states_every_programs_defaults(repo_root) -> None:
     from ragsuite import programs
 
-    text = (ROOT / "docs" / "programs" / "index.md").read_text(encoding="utf-8")
+    text = (repo_root / "docs" / "programs" / "index.md").read_text(encoding="utf-8")
     table = text.split("| name | what it does | knobs (defaults) |", 1)[1].split("\n\n", 1)[0]
     rows = dict(re.findall(r"^\| `([a-z-]+)` \| .* \| ([^|]*) \|$", table, re.MULTILINE))
     assert set(rows) == set(programs.names())
@@ -227,7 +225,11 @@ def test_the_programs_table_states_every_programs_defaults() -> None:
 
 
 def test_benchmarks_read_the_committed_fixtures_by_default(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    repo_root,
+    load_benchmark,
 ) -> None:
     # No data directory from the environment: what a fresh clone's shell has.
     monkeypatch.delenv("RAGSUITE_DATA", raising=False)
@@ -240,12 +242,12 @@ def test_benchmarks_read_the_committed_fixtures_by_default(
         1 for path in data_dir.glob("*/corpus.jsonl") for line in path.open(encoding="utf-8") if line.strip()
     )
     assert len(load_benchmark("synthetic_corpus").source_passages()) == fixture_passages
-    for script in (ROOT / "benchmarks").glob("*.py"):
+    for script in (repo_root / "benchmarks").glob("*.py"):
         text = script.read_text(encoding="utf-8")
         assert "../shared" not in text and '/ "shared"' not in text, f"{script.name} reads ../shared"
 
 
-def test_every_benchmark_script_is_on_the_benchmarks_page() -> None:
-    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    missing = [p.name for p in (ROOT / "benchmarks").glob("*.py") if f"`benchmarks/{p.name}" not in page]
+def test_every_benchmark_script_is_on_the_benchmarks_page(repo_root) -> None:
+    page = (repo_root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    missing = [p.name for p in (repo_root / "benchmarks").glob("*.py") if f"`benchmarks/{p.name}" not in page]
     assert not missing, f"docs/benchmarks.md does not list {missing}"

@@ -517,20 +517,18 @@ def test_a_modes_default_settings_apply_and_specs_name_only_departures(monkeypat
     assert HybridRetriever(members, mode="rrf", weights=[1, 1]).depth == 50  # no rrf weights fitted here
 
 
-def test_the_docs_fusion_tables_are_those_of_the_committed_run_and_its_defaults_are_shipped():
+def test_the_docs_fusion_tables_are_those_of_the_committed_run_and_its_defaults_are_shipped(
+    load_benchmark, repo_root
+):
     """docs/retrieval.md shows the tables ``benchmarks/retrieval.py --render`` draws from the committed
     records, and the library's default weights and settings are the ones that run fitted."""
     import json
-    from pathlib import Path
-
-    from benchmark_scripts import load_benchmark
 
     from ragsuite.retrieval.hybrid import DEFAULT_WEIGHTS, mode_defaults
 
-    root = Path(__file__).resolve().parents[1]
     bench = load_benchmark("retrieval")
-    run = json.loads((root / "benchmarks" / "results" / "fusion.json").read_text(encoding="utf-8"))
-    page = (root / "docs" / "retrieval.md").read_text(encoding="utf-8")
+    run = json.loads((repo_root / "benchmarks" / "results" / "fusion.json").read_text(encoding="utf-8"))
+    page = (repo_root / "docs" / "retrieval.md").read_text(encoding="utf-8")
     assert f"{bench.DOCS_START}\n{bench.fusion_markdown(run)}\n{bench.DOCS_END}" in page
     for mode in ("rrf", "linear"):
         fitted = run["defaults"][mode]

@@ -472,11 +472,9 @@ SERVER_LOG = """\
 """
 
 
-def test_the_overhead_benchmark_reads_busy_time_from_the_server_log() -> None:
+def test_the_overhead_benchmark_reads_busy_time_from_the_server_log(load_benchmark) -> None:
     """Overlapping slots count once in the busy time and in full in the summed time; a request still open
     is reported, not counted."""
-    from tests.benchmark_scripts import load_benchmark
-
     bench = load_benchmark("real_lm")
     intervals, still_open = bench.slot_intervals(SERVER_LOG)
     assert still_open == 1

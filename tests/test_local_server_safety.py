@@ -25,7 +25,6 @@ from ragsuite.local_lm.server import LocalServer, free_port
 from ragsuite.network import listen_address
 from ragsuite.processes import stop_process
 from tests.local_lm_fakes import fake_llama_server, tiny_model
-from tests.vllm_fakes import write_fake_vllm
 
 EVIL = "https://evil.example"
 
@@ -132,8 +131,9 @@ def serve_vllm(script: Path, port: int, *flags: str) -> tuple[str, str]:
 
 def test_vllm_with_host_0_listens_on_loopback_and_with_allow_remote_requires_a_printed_key(
     tmp_path: Path,
+    fake_vllm,
 ) -> None:
-    script, logs = write_fake_vllm(tmp_path)
+    script, logs = fake_vllm(tmp_path)
     port = free_port()
     out, err = serve_vllm(script, port, "--host", "0")
     recorded = json.loads((logs / f"{port}.json").read_text())

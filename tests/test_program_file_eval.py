@@ -230,10 +230,16 @@ def test_a_program_on_a_corpus_file_loads_where_the_file_is_now(tmp_path, monkey
 
 # -- the compiled program shipped for the local LM ----------------------------------------------------------
 
-SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "compiled" / "vanilla-nq-local.json"
+
+@pytest.fixture(scope="module")
+def shipped(repo_root):
+    """The compiled program file shipped in examples/."""
+    return repo_root / "examples" / "compiled" / "vanilla-nq-local.json"
 
 
-def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_its_demos(tmp_path, data_dir):
+def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_its_demos(
+    tmp_path, data_dir, shipped
+):
     """``examples/compiled/vanilla-nq-local.json`` (vanilla with 4 bootstrapped demos, compiled on the
     packaged 0.5B model; docs/local-lm.md has its before and after) was compiled for the default local model:
     a change of default must compile it again. Its demos reach every prompt, and eval leaves out the
@@ -241,7 +247,7 @@ def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_it
     from ragsuite.local_lm.models import PACKAGED_MODELS
 
     default = PACKAGED_MODELS[0]
-    document = json.loads(SHIPPED.read_text())
+    document = json.loads(shipped.read_text())
     assert document["metadata"]["lm"] == f"local/{default.name}-{default.sha256[:12]}"  # the served name
     demos = document["predictors"]["answer"]["demos"]
     assert len(demos) == 4
@@ -254,7 +260,7 @@ def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_it
         return {name: "an answer" for name in request.output_fields}
 
     with LocalOpenAIServer(respond) as server:
-        argv = eval_argv(SHIPPED, "nq", data_dir, "--lm", "openai/scripted", "--api-base", server.api_base)
+        argv = eval_argv(shipped, "nq", data_dir, "--lm", "openai/scripted", "--api-base", server.api_base)
         run = tmp_path / "run"
         argv[argv.index("--out") + 1] = str(run)
         assert main([*argv, "--limit", "3"]) == 0

@@ -304,13 +304,13 @@ def test_a_run_killed_midway_resumes_without_losing_or_repeating_a_question(
     assert records[: len(kept)] == kept  # what was written before the kill is kept as it was
 
 
-def test_the_server_log_times_every_request_for_the_overhead_benchmark(server: Any, tmp_path: Path) -> None:
+def test_the_server_log_times_every_request_for_the_overhead_benchmark(
+    server: Any, tmp_path: Path, load_benchmark
+) -> None:
     """``benchmarks/real_lm.py overhead`` reads when a slot took and let go of each request from the
     timestamped log of llama-server: this one's log must give one interval per LM request, inside the run."""
     if server.engine != "llama.cpp":
         pytest.skip("the busy time comes from llama-server's log")
-    from tests.benchmark_scripts import load_benchmark
-
     bench = load_benchmark("real_lm")
     offset = server.log_file.stat().st_size
     started = time.perf_counter()

@@ -25,7 +25,6 @@ from ragsuite.lm import build_lm, parse_lm_spec
 from ragsuite.lm_replicas import ReplicaLM
 from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
-from tests.vllm_fakes import write_fake_vllm
 
 
 def free_port() -> int:
@@ -247,8 +246,8 @@ def free_ports(count: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
-def test_serve_replicas_one_per_gpu_group_and_prints_the_flags(tmp_path):
-    script, logs = write_fake_vllm(tmp_path)
+def test_serve_replicas_one_per_gpu_group_and_prints_the_flags(tmp_path, fake_vllm):
+    script, logs = fake_vllm(tmp_path)
     port = free_ports(2)
     argv = [sys.executable, "-m", "ragsuite", "serve", "--model", "org/M", "--port", str(port)]
     argv += ["--replicas", "2", "--tensor-parallel-size", "2", "--vllm", str(script)]
@@ -277,9 +276,9 @@ def test_serve_replicas_one_per_gpu_group_and_prints_the_flags(tmp_path):
             urllib.request.urlopen(f"{base}/models", timeout=2)
 
 
-def test_serve_replicas_stops_all_when_one_fails_to_start(tmp_path, capsys):
+def test_serve_replicas_stops_all_when_one_fails_to_start(tmp_path, capsys, fake_vllm):
     port = free_ports(3)
-    script, _ = write_fake_vllm(tmp_path, fail_port=port + 1)
+    script, _ = fake_vllm(tmp_path, fail_port=port + 1)
     code = main(["serve", "--model", "m", "--port", str(port), "--replicas", "3", "--vllm", str(script)])
     assert code == 2
     assert "replica 1 (GPU 1, http://127.0.0.1:" in capsys.readouterr().err
@@ -288,8 +287,8 @@ def test_serve_replicas_stops_all_when_one_fails_to_start(tmp_path, capsys):
             urllib.request.urlopen(f"http://127.0.0.1:{port + i}/v1/models", timeout=2)
 
 
-def test_serve_replicas_errors(capsys, monkeypatch, tmp_path):
-    script, _ = write_fake_vllm(tmp_path)
+def test_serve_replicas_errors(capsys, monkeypatch, tmp_path, fake_vllm):
+    script, _ = fake_vllm(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert main(["serve", "--model", "m", "--replicas", "3", "--vllm", str(script)]) == 2
     assert "needs 3 GPUs, but CUDA_VISIBLE_DEVICES lists 2" in capsys.readouterr().err
@@ -324,18 +323,17 @@ def test_eval_stops_saying_cannot_reach_when_every_replica_goes_down(engine, tmp
 
 
 @pytest.mark.slow
-def test_the_throughput_benchmark_runs_against_the_local_server(tmp_path):
+def test_the_throughput_benchmark_runs_against_the_local_server(tmp_path, repo_root):
     """benchmarks/replicas.py subclasses the local server; a change of its internals must not break it."""
-    root = Path(__file__).resolve().parents[1]
     argv = ["--replicas", "1", "2", "--latency", "0.02", "--capacity", "2", "--threads", "4", "--rounds", "2"]
     done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "replicas.py"), *argv],
-        cwd=root,
+        [sys.executable, str(repo_root / "benchmarks" / "replicas.py"), *argv],
+        cwd=repo_root,
         capture_output=True,
         text=True,
         timeout=300,
         # PYTHONPATH: this checkout's ragsuite, whichever one the environment has installed.
-        env={**os.environ, "PYTHONPATH": str(root), "DSPY_CACHEDIR": str(tmp_path / "dspy")},
+        env={**os.environ, "PYTHONPATH": str(repo_root), "DSPY_CACHEDIR": str(tmp_path / "dspy")},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| 2, replicas | 8 |" in done.stdout, done.stdout

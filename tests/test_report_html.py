@@ -8,60 +8,17 @@ import html
 import json
 import re
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
-from ragsuite.processes import stop_process
 from ragsuite.testing.openai_server import LocalOpenAIServer
 from ragsuite.testing.responders import grounded_responder
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def run_eval(server: LocalOpenAIServer, out: Path, program: str) -> Path:
-    argv = [
-        "eval",
-        "--program",
-        program,
-        "--dataset",
-        "hotpotqa",
-        "--limit",
-        "4",
-        "--no-cache",
-        "--no-progress",
-    ]
-    assert main([*argv, "--lm", "openai/scripted", "--api-base", server.api_base, "--out", str(out)]) == 0
-    return out
-
-
-def browser_dom(page: Path, screenshot: Path) -> str:
-    """The DOM after the page's script ran, and a screenshot, from headless Chromium."""
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
-    process = subprocess.Popen(
-        [*common, "--dump-dom", page.as_uri()], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    try:
-        dom, _ = process.communicate(timeout=90)
-    finally:
-        stop_process(process)
-    shot = subprocess.Popen(
-        [*common, f"--screenshot={screenshot}", "--window-size=1200,1600", page.as_uri()],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        shot.wait(timeout=90)
-    finally:
-        stop_process(shot)
-    return dom
-
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, run_eval):
     root = tmp_path_factory.mktemp("runs")
     gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")[:4]}
     with LocalOpenAIServer(grounded_responder(gold)) as server:
@@ -112,8 +69,7 @@ def test_the_html_report_never_shows_a_secret_left_in_old_records(runs, tmp_path
     assert _asset("report.js") in page and _asset("report.css") in page
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
-def test_a_browser_renders_the_traces_and_the_comparison(runs, tmp_path):
+def test_a_browser_renders_the_traces_and_the_comparison(runs, tmp_path, browser_dom):
     deepnote, hanrag = runs
     single, both = tmp_path / "deepnote.html", tmp_path / "compare.html"
     assert main(["report", str(deepnote), "--html", str(single)]) == 0
@@ -141,8 +97,7 @@ def marked(html_text: str, tag: str) -> str:
     return " ".join(re.findall(rf"<{tag}>(.*?)</{tag}>", html_text, flags=re.S))
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
-def test_a_browser_shows_each_note_step_as_a_diff_against_the_best_note(runs, tmp_path):
+def test_a_browser_shows_each_note_step_as_a_diff_against_the_best_note(runs, tmp_path, browser_dom):
     deepnote, _ = runs
     edited = tmp_path / "edited"
     shutil.copytree(deepnote, edited)
@@ -193,8 +148,7 @@ def test_a_browser_shows_each_note_step_as_a_diff_against_the_best_note(runs, tm
     assert f"+{len(step['note'].split()) - len(init['note'].split())} / −0 words" in real_steps[0]
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
-def test_a_browser_shows_accuracy_against_cost_when_comparing_runs(runs, tmp_path):
+def test_a_browser_shows_accuracy_against_cost_when_comparing_runs(runs, tmp_path, browser_dom):
     deepnote, hanrag = runs
     out = tmp_path / "compare.html"
     assert main(["report", str(deepnote), str(hanrag), "--html", str(out)]) == 0
@@ -215,60 +169,7 @@ def test_a_browser_shows_accuracy_against_cost_when_comparing_runs(runs, tmp_pat
     assert tip in html.unescape(charts[0])
 
 
-# Appended to a copy of a report: once the page has rendered, writes what overflows into <pre id=measure>:
-# the page's width against the window's, elements reaching past the window's right edge, SVG texts outside
-# their drawing, and where the run selector ends.
-_MEASURE = """<script>
-window.addEventListener('load', () => {
-  const de = document.documentElement, width = de.clientWidth, out = {width, scroll: de.scrollWidth};
-  const visible = e => { const r = e.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
-  out.overflowing = [...document.body.querySelectorAll('*')].filter(visible)
-    .filter(e => e.getBoundingClientRect().right > width + 0.5)
-    .map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + ' ' + (e.textContent || '').slice(0, 40));
-  out.clipped = [];
-  out.texts = 0;
-  document.querySelectorAll('svg').forEach(svg => {
-    const box = svg.getBoundingClientRect();
-    svg.querySelectorAll('text').forEach(t => {
-      out.texts++;
-      const r = t.getBoundingClientRect();
-      const outside = r.left < box.left - 0.5 || r.right > box.right + 0.5;
-      if (outside || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5) out.clipped.push(t.textContent);
-    });
-  });
-  const run = document.getElementById('run');
-  out.run = run ? run.getBoundingClientRect().right : 0;
-  out.labels = [...document.querySelectorAll('#run option')].map(o => o.textContent);
-  const pre = document.createElement('pre');
-  pre.id = 'measure';
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-});
-</script>"""
-
-
-def layout_at(page: Path, width: int) -> dict:
-    """What overflows when ``page`` is shown in a ``width``-px wide window of headless Chromium."""
-    probe = page.with_name(page.stem + "-measured.html")
-    probe.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
-    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"]
-    process = subprocess.Popen(
-        [*command, f"--window-size={width},900", "--dump-dom", probe.as_uri()],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        dom, _ = process.communicate(timeout=90)
-    finally:
-        stop_process(process)
-    found = re.search(r'<pre id="measure">(.*?)</pre>', dom, re.S)
-    assert found, "the page did not finish rendering"
-    return json.loads(html.unescape(found.group(1)))
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a browser: apt-get install chromium")
-def test_a_report_fits_a_1280_px_window_with_readable_axes(runs, tmp_path):
+def test_a_report_fits_a_1280_px_window_with_readable_axes(runs, tmp_path, layout_at):
     """Two runs with non-default knobs, long folder names, costs in the hundred thousands and an answer with
     no space to break at: no horizontal scroll, every axis tick and label inside its drawing, the run
     selector inside the window, and labels that name only the knobs set away from the defaults."""

@@ -11,7 +11,6 @@ import struct
 import sys
 
 import pytest
-from test_report_html import CHROMIUM, browser_dom, layout_at
 
 from ragsuite.cli import main
 from ragsuite.errors import install_hint
@@ -62,7 +61,7 @@ def test_pareto_flags_keeps_the_points_nothing_beats():
     ]
 
 
-def test_report_of_a_tune_dir_draws_every_trial_and_the_front(tune_dir, tmp_path, capsys):
+def test_report_of_a_tune_dir_draws_every_trial_and_the_front(tune_dir, tmp_path, capsys, chromium, request):
     (study_dir,) = [p.parent for p in tune_dir.glob("*/trials.json")]
     trials = json.loads((study_dir / "trials.json").read_text())
     front = json.loads((study_dir / "pareto.json").read_text())["front"]
@@ -99,7 +98,8 @@ def test_report_of_a_tune_dir_draws_every_trial_and_the_front(tune_dir, tmp_path
     assert [int(n) for n in rows] == [t["number"] for t in front]  # highest quality first, as tune lists it
     for trial in front:
         assert html.escape(", ".join(f"{k}={v}" for k, v in trial["knobs"].items())) in table
-    if CHROMIUM is not None:  # as a browser parses it: every point drawn, none swallowed by another element
+    if chromium is not None:  # as a browser parses it: every point drawn, none swallowed by another element
+        browser_dom, layout_at = request.getfixturevalue("browser_dom"), request.getfixturevalue("layout_at")
         dom = browser_dom(out, tmp_path / "tune.png")
         (drawn,) = re.findall(r'<svg class="chart".*?</svg>', dom, re.S)
         assert re.search(r"<polyline [^>]*></polyline>", drawn)
@@ -139,9 +139,7 @@ def test_png_writes_the_pareto_plot_of_a_tune_dir(tune_dir, tmp_path, capsys):
 
 
 @pytest.fixture(scope="module")
-def eval_runs(tmp_path_factory):
-    from test_report_html import run_eval
-
+def eval_runs(tmp_path_factory, run_eval):
     from ragsuite.data.datasets import load_dataset
     from ragsuite.testing.openai_server import LocalOpenAIServer
     from ragsuite.testing.responders import grounded_responder
