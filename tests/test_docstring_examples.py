@@ -28,10 +28,7 @@ _MARK = "mark the example `# doctest: +SKIP`"
 
 # Examples known to be stale in modules whose owners are changing them; strict, so that a fixed module fails
 # here until its entry is removed.
-KNOWN_STALE: dict[str, str] = {
-    "ragsuite.retrieval.hybrid": "FusionSearch's example uses undefined names; HybridRetriever's needs a "
-    "ColBERT server",
-}
+KNOWN_STALE: dict[str, str] = {}
 
 
 def module_names() -> list[str]:

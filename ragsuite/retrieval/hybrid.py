@@ -87,13 +87,18 @@ class HybridRetriever:
             one number whatever else is asked. ``None``: the mode's default.
 
     Example:
+        >>> from ragsuite.retrieval.base import Passage
         >>> from ragsuite.retrieval.bm25 import BM25Retriever
-        >>> from ragsuite.retrieval.colbert.client import ColBERTv2Client
-        >>> hybrid = HybridRetriever(
-        ...     [BM25Retriever.from_dataset("hotpotqa"), ColBERTv2Client("http://127.0.0.1:8893/api/search")],
-        ...     mode="rrf",
-        ... )
-        >>> passages = hybrid("Who directed Jaws?", 5)
+        >>> corpus = [
+        ...     Passage("p1", "Stettin", "Stettin is a port city on the Oder."),
+        ...     Passage("p2", "Oder", "The Oder is a river in Central Europe."),
+        ...     Passage("p3", "Baltic Sea", "An arm of the Atlantic."),
+        ... ]
+        >>> stemmed = BM25Retriever(corpus, persist=False)
+        >>> exact = BM25Retriever(corpus, persist=False, stemmer=None, title_weight=1)
+        >>> hybrid = HybridRetriever([stemmed, exact], mode="rrf", weights=[0.4, 0.6])
+        >>> [p.id for p in hybrid("Which river flows through Stettin?", 2)]
+        ['p1', 'p2']
     """
 
     def __init__(
@@ -373,9 +378,21 @@ class FusionSearch:
         depths: The fusion depths to choose from.
 
     Example:
-        >>> search = FusionSearch(build_retriever("hybrid:linear:bm25+dense", dataset="nq"))
+        >>> import optuna
+        >>> from ragsuite.retrieval.base import Passage
+        >>> from ragsuite.retrieval.bm25 import BM25Retriever
+        >>> corpus = [Passage("p1", "Oder", "The Oder is a river."), Passage("p2", "Elbe", "A river.")]
+        >>> stemmed, exact = (BM25Retriever(corpus, stemmer=s, persist=False) for s in ("english", None))
+        >>> search = FusionSearch(HybridRetriever([stemmed, exact], mode="linear"))
+        >>> search.defaults()
+        {'fusion_depth': 50, 'fusion_alpha': 0.5, 'fusion_norm': 'zscore'}
+        >>> def objective(trial):  # in practice: recall@k of search.suggest(trial) on dev questions
+        ...     return 1.0 if search.suggest(trial)("Oder", 1)[0].id == "p1" else 0.0
+        >>> study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
         >>> study.enqueue_trial(search.defaults())
-        >>> study.optimize(lambda trial: score(search.suggest(trial)), n_trials=30)
+        >>> study.optimize(objective, n_trials=3)
+        >>> study.best_value
+        1.0
     """
 
     WEIGHT_STEP = 0.05
