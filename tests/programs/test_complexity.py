@@ -18,7 +18,7 @@ from ragsuite.programs.complexity import (
     load_classifier,
 )
 from ragsuite.programs.ircot import AdaptiveRAG
-from tests.test_reasoning_baselines import fresh, run, scripted, stage_requests
+from tests.programs.test_reasoning_baselines import fresh, run, scripted, stage_requests
 
 # Three question shapes whose class follows from their words, as the classifier must learn.
 SIMPLE = ["what is the capital of {}", "what colour is the flag of {}", "what language is spoken in {}"]
