@@ -13,7 +13,6 @@ import pytest
 
 from ragsuite.lm import LMEndpointError, check_endpoint, parse_lm_spec, resolve_endpoint
 from ragsuite.local_lm import LocalServerError
-from tests.local_lm_fakes import tiny_model
 
 #: /v1/models replies that are JSON but not an OpenAI model list.
 WRONG_SHAPES = {
@@ -79,7 +78,7 @@ def _shape(body: object, served: str) -> object:
 
 @pytest.mark.parametrize("case", sorted(WRONG_SHAPES))
 def test_a_local_server_listing_models_in_the_wrong_shape_is_one_clear_error(
-    tmp_path: Path, cache: Path, models_server: _ModelsServer, case: str
+    tmp_path: Path, cache: Path, models_server: _ModelsServer, case: str, tiny_model
 ) -> None:
     from ragsuite.local_lm import resolve_model
 
@@ -101,7 +100,9 @@ def test_any_server_listing_models_in_the_wrong_shape_is_one_clear_error(
     assert models_server.api_base in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_a_well_formed_list_still_passes(tmp_path: Path, cache: Path, models_server: _ModelsServer) -> None:
+def test_a_well_formed_list_still_passes(
+    tmp_path: Path, cache: Path, models_server: _ModelsServer, tiny_model
+) -> None:
     from ragsuite.local_lm import resolve_model
 
     path = tiny_model(tmp_path / "m.gguf")
@@ -115,7 +116,12 @@ def test_a_well_formed_list_still_passes(tmp_path: Path, cache: Path, models_ser
 
 @pytest.mark.parametrize("lm", ["local", "openai/m"])
 def test_eval_against_a_server_answering_a_json_list_prints_one_error_line(
-    tmp_path: Path, cache: Path, models_server: _ModelsServer, capsys: pytest.CaptureFixture[str], lm: str
+    tmp_path: Path,
+    cache: Path,
+    models_server: _ModelsServer,
+    capsys: pytest.CaptureFixture[str],
+    lm: str,
+    tiny_model,
 ) -> None:
     from ragsuite.cli import main
 

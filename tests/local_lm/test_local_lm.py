@@ -16,7 +16,6 @@ from ragsuite.errors import ConfigError, MissingExtraError
 from ragsuite.local_lm import models as local_models
 from ragsuite.local_lm.models import ModelFileError, PackagedModel, read_gguf_metadata, resolve_model
 from ragsuite.local_lm.server import LocalServer, LocalServerError, plan_settings, resolve_engine
-from tests.local_lm_fakes import fake_llama_server, slice_packages, tiny_model, write_gguf
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def test_gguf_metadata_reads_scalars_and_strings_and_skips_arrays(tmp_path: Path) -> None:
+def test_gguf_metadata_reads_scalars_and_strings_and_skips_arrays(tmp_path: Path, tiny_model) -> None:
     path = tiny_model(tmp_path / "m.gguf", context_length=4096)
     metadata = read_gguf_metadata(path)
     assert metadata["general.architecture"] == "qwen2"
@@ -58,27 +57,34 @@ def test_a_file_that_is_not_a_whole_gguf_header_is_refused_clearly(
         read_gguf_metadata(path)
 
 
-def _packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, sha256: str | None = None) -> PackagedModel:
-    data = tiny_model(tmp_path / "whole.gguf").read_bytes()
-    names = ["fake_model_part1", "fake_model_part2", "fake_model_part3"]
-    slice_packages(tmp_path / "site", data, names)
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    model = PackagedModel(
-        name="tiny-test-model",
-        description="test",
-        parts=tuple(names),
-        requirements=tuple(f"{name.replace('_', '-')}==1.0" for name in names),
-        size=len(data),
-        sha256=sha256 or hashlib.sha256(data).hexdigest(),
-    )
-    monkeypatch.setattr(local_models, "PACKAGED_MODELS", (model,))
-    return model
+@pytest.fixture
+def packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model, slice_packages):
+    """``packaged(sha256=None)``: a tiny packaged model (the only one known), its slices installed under
+    ``tmp_path/site``; ``sha256`` replaces the true hash of the whole."""
+
+    def make(*, sha256: str | None = None) -> PackagedModel:
+        data = tiny_model(tmp_path / "whole.gguf").read_bytes()
+        names = ["fake_model_part1", "fake_model_part2", "fake_model_part3"]
+        slice_packages(tmp_path / "site", data, names)
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+        model = PackagedModel(
+            name="tiny-test-model",
+            description="test",
+            parts=tuple(names),
+            requirements=tuple(f"{name.replace('_', '-')}==1.0" for name in names),
+            size=len(data),
+            sha256=sha256 or hashlib.sha256(data).hexdigest(),
+        )
+        monkeypatch.setattr(local_models, "PACKAGED_MODELS", (model,))
+        return model
+
+    return make
 
 
 def test_a_packaged_model_is_joined_verified_and_then_reused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, packaged
 ) -> None:
-    model = _packaged(tmp_path, monkeypatch)
+    model = packaged()
     first = resolve_model("local:tiny-test-model")
     assert first.sha256 == model.sha256
     assert hashlib.sha256(first.path.read_bytes()).hexdigest() == model.sha256
@@ -91,9 +97,9 @@ def test_a_packaged_model_is_joined_verified_and_then_reused(
 
 
 def test_slices_that_do_not_join_into_the_pinned_file_are_refused_and_nothing_is_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, packaged
 ) -> None:
-    _packaged(tmp_path, monkeypatch, sha256="0" * 64)
+    packaged(sha256="0" * 64)
     with pytest.raises(ModelFileError, match="refusing to serve it"):
         resolve_model("local:tiny-test-model")
     assert not list((cache / "models").glob("*.gguf"))
@@ -101,9 +107,9 @@ def test_slices_that_do_not_join_into_the_pinned_file_are_refused_and_nothing_is
 
 
 def test_a_missing_slice_package_names_the_install_command(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, packaged
 ) -> None:
-    _packaged(tmp_path, monkeypatch)
+    packaged()
     import shutil
 
     shutil.rmtree(tmp_path / "site" / "fake_model_part3")
@@ -111,7 +117,9 @@ def test_a_missing_slice_package_names_the_install_command(
         resolve_model("local:tiny-test-model")
 
 
-def test_a_gguf_path_is_served_under_a_name_carrying_its_hash(tmp_path: Path, cache: Path) -> None:
+def test_a_gguf_path_is_served_under_a_name_carrying_its_hash(
+    tmp_path: Path, cache: Path, tiny_model
+) -> None:
     path = tiny_model(tmp_path / "mine.gguf")
     model = resolve_model(f"local:{path}")
     assert model.path == path.resolve()
@@ -124,7 +132,9 @@ def test_an_unknown_model_name_lists_the_packaged_ones(cache: Path) -> None:
         resolve_model("local:no-such-model")
 
 
-def test_settings_come_from_the_model_and_the_machine(tmp_path: Path, cache: Path, monkeypatch) -> None:
+def test_settings_come_from_the_model_and_the_machine(
+    tmp_path: Path, cache: Path, monkeypatch, tiny_model
+) -> None:
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf', context_length=32768)}")
     monkeypatch.setattr("ragsuite.local_lm.server.usable_cores", lambda: 5)
     settings = plan_settings(model, parallel=2)
@@ -166,7 +176,9 @@ def test_the_transformers_engine_without_the_extra_names_the_install_command(
         resolve_engine("auto")
 
 
-def test_the_server_starts_serves_its_model_and_stops(tmp_path: Path, cache: Path) -> None:
+def test_the_server_starts_serves_its_model_and_stops(
+    tmp_path: Path, cache: Path, fake_llama_server, tiny_model
+) -> None:
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf')}")
     executable = fake_llama_server(tmp_path)
     server = LocalServer(model, engine="llama.cpp", llama_server=executable, parallel=2, threads=3)
@@ -189,7 +201,7 @@ def test_the_server_starts_serves_its_model_and_stops(tmp_path: Path, cache: Pat
 
 
 def test_a_server_that_exits_while_loading_reports_its_output(
-    tmp_path: Path, cache: Path, monkeypatch
+    tmp_path: Path, cache: Path, monkeypatch, fake_llama_server, tiny_model
 ) -> None:
     monkeypatch.setenv("FAKE_EXIT", "1")
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf')}")
@@ -200,7 +212,7 @@ def test_a_server_that_exits_while_loading_reports_its_output(
 
 
 def test_lm_local_talks_to_the_server_and_records_the_model_not_the_port(
-    tmp_path: Path, cache: Path, monkeypatch
+    tmp_path: Path, cache: Path, monkeypatch, tiny_model, fake_llama_server
 ) -> None:
     import dspy
 
@@ -236,7 +248,7 @@ def test_lm_local_talks_to_the_server_and_records_the_model_not_the_port(
 
 
 def test_json_replies_from_llama_cpp_are_held_to_the_signature_schema(
-    tmp_path: Path, cache: Path, monkeypatch
+    tmp_path: Path, cache: Path, monkeypatch, tiny_model, fake_llama_server
 ) -> None:
     """llama-server compiles a JSON schema sent as response_format into a grammar: DSPy's JSON adapter sends
     the signature's schema to it, so a small model's reply always parses. The transformers engine has no
@@ -273,7 +285,7 @@ def test_json_replies_from_llama_cpp_are_held_to_the_signature_schema(
 
 
 def test_every_stage_of_a_run_on_llama_cpp_asks_for_its_schema_and_parses_the_first_time(
-    tmp_path: Path, cache: Path, monkeypatch
+    tmp_path: Path, cache: Path, monkeypatch, tiny_model, fake_llama_server
 ) -> None:
     """With the local LM on llama.cpp each stage uses DSPy's JSON adapter with the signature's schema (a small
     model breaks the chat format on true/false stages, costing a second request each time): one request per
@@ -344,7 +356,7 @@ def test_the_stage_adapter_is_json_only_for_plain_outputs_of_a_schema_holding_lm
 
 
 def test_a_running_local_server_is_reused_by_api_base_and_must_serve_the_same_file(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, cache: Path, tiny_model, write_gguf, fake_llama_server
 ) -> None:
     from ragsuite.lm import parse_lm_spec, resolve_endpoint
     from ragsuite.local_lm import LocalServerError as Error
@@ -370,7 +382,7 @@ def test_serve_local_list_shows_what_is_installed(capsys: pytest.CaptureFixture[
 
 
 def test_a_prompt_longer_than_the_window_is_refused_with_the_flag_to_raise_and_the_run_goes_on(
-    tmp_path: Path, cache: Path, monkeypatch, capsys
+    tmp_path: Path, cache: Path, monkeypatch, capsys, tiny_model, fake_llama_server
 ) -> None:
     from ragsuite.cli import main
 
@@ -407,7 +419,7 @@ def test_a_prompt_longer_than_the_window_is_refused_with_the_flag_to_raise_and_t
 
 
 def test_serve_local_starts_a_server_other_commands_reuse_and_ctrl_c_stops_it(
-    tmp_path: Path, cache: Path, capsys, monkeypatch
+    tmp_path: Path, cache: Path, capsys, monkeypatch, tiny_model, fake_llama_server
 ) -> None:
     import signal
     import subprocess

@@ -24,7 +24,6 @@ from ragsuite.local_lm.models import resolve_model
 from ragsuite.local_lm.server import LocalServer, free_port
 from ragsuite.network import listen_address
 from ragsuite.processes import stop_process
-from tests.local_lm_fakes import fake_llama_server, tiny_model
 
 EVIL = "https://evil.example"
 
@@ -81,7 +80,9 @@ def test_other_machines_are_served_only_when_asked() -> None:
     assert listen_address("::0", allow_remote=True).bind == "::"
 
 
-def test_serve_local_with_host_0_listens_on_loopback_only(tmp_path: Path, cache: Path) -> None:
+def test_serve_local_with_host_0_listens_on_loopback_only(
+    tmp_path: Path, cache: Path, tiny_model, fake_llama_server
+) -> None:
     """``--host 0`` is every interface to the operating system; the server must get loopback."""
     path = tiny_model(tmp_path / "m.gguf")
     env = {**os.environ, "RAGSUITE_LLAMA_SERVER": str(fake_llama_server(tmp_path)), "PYTHONUNBUFFERED": "1",
@@ -162,7 +163,7 @@ def test_a_lan_address_without_allow_remote_is_one_clear_error(capsys: pytest.Ca
 
 
 def test_llama_server_gets_a_per_process_key_in_its_environment_never_on_its_command_line(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, cache: Path, fake_llama_server, tiny_model
 ) -> None:
     model = resolve_model(f"local:{tiny_model(tmp_path / 'm.gguf')}")
     executable = fake_llama_server(tmp_path)
@@ -189,7 +190,7 @@ def test_llama_server_gets_a_per_process_key_in_its_environment_never_on_its_com
 
 
 def test_the_key_reaches_the_client_and_no_file_a_run_writes(
-    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, tiny_model, fake_llama_server
 ) -> None:
     from ragsuite.cli import main
     from ragsuite.local_lm import server as local_servers
@@ -256,7 +257,7 @@ def test_the_transformers_engine_refuses_other_origins_and_requests_without_the_
 
 
 def test_a_port_held_by_another_server_of_the_same_model_is_one_clear_error(
-    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str], tiny_model, fake_llama_server
 ) -> None:
     from ragsuite.cli import main
 

@@ -16,7 +16,6 @@ import pytest
 from ragsuite.local_lm import models as local_models
 from ragsuite.local_lm.models import ModelFileError, PackagedModel, read_gguf_metadata, resolve_model
 from ragsuite.processes import stop_process
-from tests.local_lm_fakes import slice_packages, tiny_model
 
 NAMES = ["trust_model_part1", "trust_model_part2"]
 
@@ -28,7 +27,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path) -> PackagedModel:
+def packaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, slice_packages, tiny_model
+) -> PackagedModel:
     """A packaged model whose slices are installed under ``tmp_path/site``."""
     data = tiny_model(tmp_path / "whole.gguf").read_bytes()
     slice_packages(tmp_path / "site", data, NAMES)
@@ -83,7 +84,9 @@ def test_a_verified_packaged_model_is_not_read_again(packaged: PackagedModel, tm
     assert resolve_model("local:trust-test-model").path == first.path
 
 
-def test_a_gguf_path_changed_with_its_times_restored_is_hashed_again(tmp_path: Path, cache: Path) -> None:
+def test_a_gguf_path_changed_with_its_times_restored_is_hashed_again(
+    tmp_path: Path, cache: Path, tiny_model
+) -> None:
     path = tiny_model(tmp_path / "mine.gguf")
     first = resolve_model(f"local:{path}")
     _flip_a_byte_keeping_the_times(path)
@@ -93,7 +96,7 @@ def test_a_gguf_path_changed_with_its_times_restored_is_hashed_again(tmp_path: P
 
 
 def test_a_gguf_path_replaced_by_a_copy_keeping_size_and_times_is_hashed_again(
-    tmp_path: Path, cache: Path
+    tmp_path: Path, cache: Path, tiny_model
 ) -> None:
     path = tiny_model(tmp_path / "mine.gguf")
     first = resolve_model(f"local:{path}")

@@ -18,7 +18,6 @@ from ragsuite.programs.complexity import (
     load_classifier,
 )
 from ragsuite.programs.ircot import AdaptiveRAG
-from tests.programs.test_reasoning_baselines import fresh, run, scripted, stage_requests
 
 # Three question shapes whose class follows from their words, as the classifier must learn.
 SIMPLE = ["what is the capital of {}", "what colour is the flag of {}", "what language is spoken in {}"]
@@ -164,7 +163,7 @@ def test_a_corrupt_checkpoint_classifier_gives_one_clean_error(tmp_path, name, d
         load_classifier(directory)
 
 
-def test_a_classifier_retrained_in_place_is_another_configuration(tmp_path) -> None:
+def test_a_classifier_retrained_in_place_is_another_configuration(tmp_path, fresh) -> None:
     """Resuming an eval after retraining the classifier in place would mix two classifiers in one score."""
     from ragsuite.evaluation import RunStore
     from ragsuite.evaluation.manifest import default_manifest
@@ -238,7 +237,9 @@ def trained(tmp_path):
         (MULTI[1].format("zenith"), "C", 2 + 1, 2),  # IRCoT: two sentences, then the reader
     ],
 )
-def test_trained_classifier_routes_without_an_lm_call(trained, question, route, lm_calls, retrievals) -> None:
+def test_trained_classifier_routes_without_an_lm_call(
+    trained, question, route, lm_calls, retrievals, scripted, run, stage_requests, fresh
+) -> None:
     lm = scripted(complexity=["A"], thought=["Spielberg directed Jaws.", "So the answer is Cincinnati."])
     prediction = run(AdaptiveRAG(retriever=fresh(), classifier=str(trained)), lm, question=question)
     assert prediction.route == route
@@ -251,7 +252,7 @@ def test_trained_classifier_routes_without_an_lm_call(trained, question, route, 
     )
 
 
-def test_program_with_a_classifier_copies_cheaply_and_names_a_bad_path(trained, tmp_path) -> None:
+def test_program_with_a_classifier_copies_cheaply_and_names_a_bad_path(trained, tmp_path, fresh) -> None:
     program = AdaptiveRAG(retriever=fresh(), classifier=str(trained))
     assert program.knobs()["classifier"] == str(trained)
     assert copy.deepcopy(program)._trained is program._trained
@@ -332,7 +333,9 @@ def test_a_config_naming_files_outside_its_directory_is_refused(tmp_path) -> Non
         load_classifier(directory)
 
 
-def test_a_fine_tuned_checkpoint_classifies_reloads_and_routes(tmp_path, capsys, tiny_encoder) -> None:
+def test_a_fine_tuned_checkpoint_classifies_reloads_and_routes(
+    tmp_path, capsys, tiny_encoder, scripted, run, stage_requests, fresh
+) -> None:
     """The paper's kind of classifier: a (tiny, random) pretrained encoder fine-tuned on the labels."""
 
     questions, labels = toy(NAMES)

@@ -3,7 +3,6 @@ ablations, with exact LM-call and retrieval counts for planted reply sequences."
 
 from __future__ import annotations
 
-import dspy
 import pytest
 
 from ragsuite import programs
@@ -15,57 +14,11 @@ from ragsuite.retrieval.base import Passage
 from ragsuite.testing.retrievers import ListRetriever
 from ragsuite.testing.scripted import ScriptedLM
 
-QUESTION = "Where was the director of Jaws born?"
-CORPUS = [Passage(f"p{i}", f"T{i}", f"text {i}") for i in range(40)]
-
-
-def fresh(k: int = 4):
-    """A retriever returning ``k`` never-seen passages per call, recording its queries."""
-    blocks = iter(range(10))
-
-    def results(query: str, top_k: int) -> list[str]:
-        block = next(blocks)
-        return [f"p{block * k + j}" for j in range(top_k)]
-
-    return ListRetriever(CORPUS, results)
-
-
-def scripted(**replies):
-    """A responder answering each output field from a queue (or a constant). A raw reply (``"[[ ..."``) is
-    malformed: DSPy retries it once with its JSON adapter, and the retry gets the same text."""
-    queues = {
-        k: iter(v) if isinstance(v, list) and k not in ("notes", "thoughts") else v
-        for k, v in replies.items()
-    }
-    retrying: dict[str, str] = {}
-
-    def respond(request):
-        for name in request.output_fields:
-            if name in retrying:
-                return retrying.pop(name)
-            if name in queues:
-                value = queues[name]
-                value = next(value) if hasattr(value, "__next__") else value
-                if isinstance(value, str) and value.startswith("[["):
-                    retrying[name] = value
-                    return value
-                return {name: value}
-        return {"answer": "Cincinnati"}
-
-    return ScriptedLM(respond)
-
-
-def run(program, lm, question=QUESTION):
-    with dspy.context(lm=lm):
-        return program(question=question)
-
-
-def stage_requests(lm, field):
-    return [r for r in lm.requests if field in r.output_fields]
-
 
 # ----------------------------------------------------------------------------- IRCoT
-def test_ircot_retrieves_with_each_sentence_until_the_answer_is_stated() -> None:
+def test_ircot_retrieves_with_each_sentence_until_the_answer_is_stated(
+    fresh, scripted, run, stage_requests
+) -> None:
     # IRCoT: "use the last generated CoT sentence as a query to retrieve more paragraphs ... until the
     # sentence contains 'answer is'".
     thoughts = [
@@ -93,14 +46,14 @@ def test_ircot_retrieves_with_each_sentence_until_the_answer_is_stated() -> None
     assert len(prediction.passages) == 12
 
 
-def test_ircot_stops_at_max_steps_without_retrieving_after_the_last_sentence() -> None:
+def test_ircot_stops_at_max_steps_without_retrieving_after_the_last_sentence(fresh, run, scripted) -> None:
     retriever = fresh()
     prediction = run(IRCoT(retriever=retriever, max_steps=3), scripted(thought=["a.", "b.", "c.", "d."]))
     assert prediction.stats["lm_calls"] == 3 + 1 and prediction.stats["retrievals"] == 1 + 2
     assert next(e for e in prediction.trace if e["stage"] == "stop")["reason"] == "max_steps"
 
 
-def test_ircot_caps_the_collected_passages() -> None:
+def test_ircot_caps_the_collected_passages(run, scripted, fresh) -> None:
     prediction = run(
         IRCoT(retriever=fresh(), max_passages=6), scripted(thought=["a.", "b.", "So the answer is x."])
     )
@@ -108,14 +61,14 @@ def test_ircot_caps_the_collected_passages() -> None:
     assert prediction.stats["retrievals"] == 3
 
 
-def test_ircot_unparsable_sentence_ends_the_reasoning_and_is_recorded() -> None:
+def test_ircot_unparsable_sentence_ends_the_reasoning_and_is_recorded(scripted, run, fresh) -> None:
     lm = scripted(thought=["Jaws was directed by Spielberg.", "[[ ## nothing ## ]]"])
     prediction = run(IRCoT(retriever=fresh()), lm)
     assert prediction.stats["fallbacks"] == 1 and prediction.stats["retrievals"] == 2
     assert next(e for e in prediction.trace if e["stage"] == "stop")["reason"] == "no_thought"
 
 
-def test_ircot_keeps_only_the_first_sentence_of_each_reply() -> None:
+def test_ircot_keeps_only_the_first_sentence_of_each_reply(fresh, scripted, run) -> None:
     # The authors keep the first (spaCy) sentence of each completion; the exit test sees only that sentence.
     # A two-sentence reply whose second sentence states the answer does not end the loop: its first
     # sentence is the next query.
@@ -144,7 +97,7 @@ def test_ircot_keeps_only_the_first_sentence_of_each_reply() -> None:
     assert prediction.answer == "Cincinnati"
 
 
-def test_ircot_queries_with_the_last_sentence_that_is_not_a_conclusion() -> None:
+def test_ircot_queries_with_the_last_sentence_that_is_not_a_conclusion(fresh, scripted, run) -> None:
     # is_reasoning_sentence: "So ...", "Thus ...", arithmetic steps are never queries.
     retriever = fresh()
     lm = scripted(
@@ -158,7 +111,7 @@ def test_ircot_queries_with_the_last_sentence_that_is_not_a_conclusion() -> None
     assert retriever.queries[1:] == ["Jaws was directed by Spielberg.", "Jaws was directed by Spielberg."]
 
 
-def test_ircot_keeps_long_passages_and_drops_duplicates_by_id() -> None:
+def test_ircot_keeps_long_passages_and_drops_duplicates_by_id(run, scripted) -> None:
     # Listed difference: the authors skip paragraphs over 600 words and drop fuzzy near-duplicates; ragsuite
     # keeps every passage and drops a passage only when its id was collected already.
     corpus = [Passage("long", "Long", "word " * 700), Passage("a", "A", "x"), Passage("b", "A", "x")]
@@ -180,7 +133,7 @@ def test_ircot_sentence_splitting_and_answer_extraction() -> None:
     assert not is_reasoning_sentence("Sonia was born in Rome.")
 
 
-def test_ircot_cot_reader_reads_the_answer_from_its_reasoning() -> None:
+def test_ircot_cot_reader_reads_the_answer_from_its_reasoning(scripted, run, fresh, stage_requests) -> None:
     # The authors' Codex/GPT configurations read with a CoT prompt and extract "answer is: X".
     lm = scripted(
         thought=["So the answer is: Ohio."],
@@ -195,7 +148,7 @@ def test_ircot_cot_reader_reads_the_answer_from_its_reasoning() -> None:
 
 
 # ----------------------------------------------------------------------------- Adaptive-RAG
-def test_adaptive_rag_single_step_reads_its_own_number_of_passages() -> None:
+def test_adaptive_rag_single_step_reads_its_own_number_of_passages(planted_corpus, run, scripted) -> None:
     # The authors' single-step ("oner") runs read 15 passages; the multi-step route keeps top_k per step.
     asked: list[int] = []
 
@@ -203,7 +156,7 @@ def test_adaptive_rag_single_step_reads_its_own_number_of_passages() -> None:
         asked.append(k)
         return [f"p{j}" for j in range(k)]
 
-    retriever = ListRetriever(CORPUS, results)
+    retriever = ListRetriever(planted_corpus, results)
     prediction = run(AdaptiveRAG(retriever=retriever, top_k=4), scripted(complexity="B"))
     assert asked == [15] and len(prediction.passages) == 15
     assert retriever.queries == ["was the director of Jaws born?"]
@@ -227,7 +180,9 @@ def test_adaptive_rag_single_step_reads_its_own_number_of_passages() -> None:
         ("[[ ## complexity ## ]]\nhard to say", "B", 2, 1),  # unreadable: the single-step fallback
     ],
 )
-def test_adaptive_rag_routes_by_complexity(reply, route, lm_calls, retrievals) -> None:
+def test_adaptive_rag_routes_by_complexity(
+    reply, route, lm_calls, retrievals, scripted, run, fresh, stage_requests
+) -> None:
     lm = scripted(complexity=[reply], thought=["Spielberg directed Jaws.", "So the answer is Cincinnati."])
     prediction = run(AdaptiveRAG(retriever=fresh()), lm)
     assert prediction.route == route
@@ -238,7 +193,7 @@ def test_adaptive_rag_routes_by_complexity(reply, route, lm_calls, retrievals) -
 
 
 # ----------------------------------------------------------------------------- Chain-of-Note
-def test_chain_of_note_answers_from_one_note_per_passage() -> None:
+def test_chain_of_note_answers_from_one_note_per_passage(fresh, scripted, run, stage_requests) -> None:
     retriever = fresh(5)
     notes = [f"passage {i} is irrelevant" for i in range(4)] + [
         "passage 5 says Spielberg was born in Cincinnati"
@@ -252,7 +207,9 @@ def test_chain_of_note_answers_from_one_note_per_passage() -> None:
     assert prediction.notes == notes
 
 
-def test_chain_of_note_unparsable_notes_fall_back_to_the_passages() -> None:
+def test_chain_of_note_unparsable_notes_fall_back_to_the_passages(
+    scripted, run, fresh, stage_requests
+) -> None:
     lm = scripted(notes="[[ ## nothing ## ]]")
     prediction = run(ChainOfNote(retriever=fresh(2), top_k=2), lm)
     assert prediction.stats["fallbacks"] == 1
@@ -260,7 +217,9 @@ def test_chain_of_note_unparsable_notes_fall_back_to_the_passages() -> None:
 
 
 # ----------------------------------------------------------------------------- RAT
-def test_rat_revises_each_draft_step_with_passages_retrieved_for_it() -> None:
+def test_rat_revises_each_draft_step_with_passages_retrieved_for_it(
+    fresh, scripted, run, stage_requests, planted_question
+) -> None:
     # RAT: draft a CoT zero-shot, then for each thought retrieve with it and revise it given the revised
     # thoughts before it.
     retriever = fresh(3)
@@ -268,7 +227,10 @@ def test_rat_revises_each_draft_step_with_passages_retrieved_for_it() -> None:
     revised = ["Jaws was directed by Steven Spielberg.", "Spielberg was born in Cincinnati."]
     lm = scripted(thoughts=draft, revised_step=list(revised))
     prediction = run(RAT(retriever=retriever), lm)
-    assert retriever.queries == [join_query(QUESTION, draft[0]), join_query(QUESTION, draft[1])]
+    assert retriever.queries == [
+        join_query(planted_question, draft[0]),
+        join_query(planted_question, draft[1]),
+    ]
     assert prediction.stats["lm_calls"] == 1 + 2 + 1 and prediction.stats["retrievals"] == 2
     revisions = stage_requests(lm, "revised_step")
     assert [r.inputs["previous_steps"] for r in revisions] == ["[]", f'["{revised[0]}"]']
@@ -276,7 +238,7 @@ def test_rat_revises_each_draft_step_with_passages_retrieved_for_it() -> None:
     assert [p.id for p in prediction.passages] == [f"p{i}" for i in range(6)]
 
 
-def test_rat_caps_the_revised_steps_and_keeps_a_draft_step_it_cannot_revise() -> None:
+def test_rat_caps_the_revised_steps_and_keeps_a_draft_step_it_cannot_revise(scripted, run, fresh) -> None:
     lm = scripted(thoughts=["one one.", "two two.", "three."], revised_step=["[[ ## nothing ## ]]", "TWO."])
     prediction = run(RAT(retriever=fresh(1), top_k=1, max_thoughts=2), lm)
     assert prediction.thoughts == ["one one.", "TWO."]
@@ -284,7 +246,9 @@ def test_rat_caps_the_revised_steps_and_keeps_a_draft_step_it_cannot_revise() ->
     assert next(e for e in prediction.trace if e["stage"] == "draft")["dropped"] == ["three."]
 
 
-def test_rat_revises_at_most_the_authors_three_chunks_and_drops_short_pieces() -> None:
+def test_rat_revises_at_most_the_authors_three_chunks_and_drops_short_pieces(
+    fresh, scripted, run, planted_question, stage_requests
+) -> None:
     # The authors split the draft into fewer than 4 paragraphs and keep pieces longer than 5 characters;
     # each kept chunk gets one retrieval and one revision.
     draft = ["## 1", "Jaws was directed by Spielberg.", "", "ok.", "He was born in Ohio."]
@@ -293,9 +257,9 @@ def test_rat_revises_at_most_the_authors_three_chunks_and_drops_short_pieces() -
     lm = scripted(thoughts=draft, revised_step="revised")
     prediction = run(RAT(retriever=retriever, top_k=1), lm)
     assert retriever.queries == [
-        join_query(QUESTION, "Jaws was directed by Spielberg."),
-        join_query(QUESTION, "He was born in Ohio."),
-        join_query(QUESTION, "Step number 3 of the draft."),
+        join_query(planted_question, "Jaws was directed by Spielberg."),
+        join_query(planted_question, "He was born in Ohio."),
+        join_query(planted_question, "Step number 3 of the draft."),
     ]
     assert len(stage_requests(lm, "revised_step")) == 3 and prediction.stats["lm_calls"] == 1 + 3 + 1
     event = next(e for e in prediction.trace if e["stage"] == "draft")
@@ -305,7 +269,9 @@ def test_rat_revises_at_most_the_authors_three_chunks_and_drops_short_pieces() -
 @pytest.mark.parametrize(
     "thoughts", [[], ["## 1", "ok."], "[[ ## nothing ## ]]"], ids=["empty", "only-short", "unparsable"]
 )
-def test_rat_without_a_draft_makes_no_step_and_answers_nothing(thoughts) -> None:
+def test_rat_without_a_draft_makes_no_step_and_answers_nothing(
+    thoughts, fresh, scripted, run, stage_requests
+) -> None:
     # The authors' loop runs over the draft's paragraphs: with none it retrieves and revises nothing and
     # the answer stays "".
     retriever = fresh(1)
@@ -322,7 +288,7 @@ def test_rat_without_a_draft_makes_no_step_and_answers_nothing(thoughts) -> None
 
 
 # ----------------------------------------------------------------------------- DeepNote's ablations
-def test_deepnote_ablation_presets() -> None:
+def test_deepnote_ablation_presets(scripted, run, fresh) -> None:
     # DeepNote Table 2: "w/o Adap. Retrieval" answers from the initial note; "& Init. Note" is vanilla RAG.
     lm = scripted(note="initial note")
     prediction = run(programs.get("deepnote-no-adaptive")(retriever=fresh()), lm)
@@ -351,7 +317,7 @@ def react_lm(turns, answer="Cincinnati"):
     return ScriptedLM(respond)
 
 
-def test_react_searches_until_finish_and_answers_from_the_trajectory() -> None:
+def test_react_searches_until_finish_and_answers_from_the_trajectory(fresh, run) -> None:
     # ReAct: thought -> action (search[query] / finish) -> observation, repeated; DSPy extracts the answer.
     from ragsuite.programs.react import ReActRAG
 
@@ -373,7 +339,7 @@ def test_react_searches_until_finish_and_answers_from_the_trajectory() -> None:
     assert "T4 | text 4" in lm.requests[-1].user  # the extraction sees the observations
 
 
-def test_react_stops_at_max_iters() -> None:
+def test_react_stops_at_max_iters(run, fresh) -> None:
     from ragsuite.programs.react import ReActRAG
 
     lm = react_lm([("search", {"query": "a"})] * 2)
@@ -382,7 +348,7 @@ def test_react_stops_at_max_iters() -> None:
     assert ReActRAG.default_knobs()["max_iters"] == 7  # the authors' HotpotQA budget
 
 
-def test_react_unparsable_turn_gets_the_authors_action_call_and_the_episode_goes_on() -> None:
+def test_react_unparsable_turn_gets_the_authors_action_call_and_the_episode_goes_on(fresh, run) -> None:
     # hotpotqa.ipynb: a reply without "Action i:" keeps its first line as the thought and asks the LM for
     # the action alone; the episode continues.
     from ragsuite.programs.react import ReActRAG
@@ -414,11 +380,11 @@ def test_react_unparsable_turn_gets_the_authors_action_call_and_the_episode_goes
     assert prediction.stats["lm_calls"] == 2 + 1 + 1 and prediction.stats["fallbacks"] == 1
 
 
-def test_react_does_not_hide_a_retrieval_failure_from_the_user() -> None:
+def test_react_does_not_hide_a_retrieval_failure_from_the_user(planted_corpus, run) -> None:
     from ragsuite.errors import RetrievalError
     from ragsuite.programs.react import ReActRAG
 
-    broken = ListRetriever(CORPUS, error=ConnectionError("retriever down"))
+    broken = ListRetriever(planted_corpus, error=ConnectionError("retriever down"))
     lm = react_lm([("search", {"query": "a"}), ("finish", {})])
     with pytest.raises(RetrievalError, match="retriever down"):
         run(ReActRAG(retriever=broken), lm)
@@ -428,7 +394,9 @@ def test_react_does_not_hide_a_retrieval_failure_from_the_user() -> None:
 @pytest.mark.parametrize(
     ("decision", "retrievals", "lm_calls"), [(False, 0, 2), (True, 1, 2), ("[[ ## x ## ]]", 1, 2)]
 )
-def test_adaptive_retrieval_retrieves_only_when_the_lm_needs_it(decision, retrievals, lm_calls):
+def test_adaptive_retrieval_retrieves_only_when_the_lm_needs_it(
+    decision, retrievals, lm_calls, scripted, run, stage_requests, fresh
+):
     # Mallen et al.: retrieve for what the LM does not know (the paper: less popular entities); the
     # self-knowledge decision is ragsuite's stand-in for the popularity threshold.
     from ragsuite.programs.ircot import AdaptiveRetrieval
@@ -442,7 +410,9 @@ def test_adaptive_retrieval_retrieves_only_when_the_lm_needs_it(decision, retrie
 
 
 # ----------------------------------------------------------------------------- FLARE-instruct
-def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_sentence():
+def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_sentence(
+    fresh, run, planted_question
+):
     # FLARE: retrieve for the input first; look ahead one sentence with the passages in hand; when it asks
     # for a search, retrieve with its query (the new passages replace the old) and write the sentence again.
     from ragsuite.programs.flare import FlareInstruct
@@ -469,7 +439,7 @@ def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_s
     retriever = fresh(3)
     lm = ScriptedLM(respond)
     prediction = run(FlareInstruct(retriever=retriever), lm)
-    assert retriever.queries == [QUESTION, "director of Jaws birthplace"]
+    assert retriever.queries == [planted_question, "director of Jaws birthplace"]
     # Calls per sentence: one, and one more for the sentence that searched (sentence 2); then the reader.
     assert len(seen) == 4 and prediction.stats["lm_calls"] == 4 + 1
     sentences = [e for e in prediction.trace if e["stage"] == "sentence"]
@@ -488,7 +458,7 @@ def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_s
 
 
 # ----------------------------------------------------------------------------- Self-RAG, prompted
-def test_self_rag_prompted_keeps_the_best_critiqued_candidate():
+def test_self_rag_prompted_keeps_the_best_critiqued_candidate(run, fresh):
     # Self-RAG: a candidate per passage, ranked by w_rel*IsREL + w_sup*IsSUP + w_use*IsUSE (1.0, 1.0, 0.5),
     # IsUSE 1-5 on the authors' -1..1 scale.
     from ragsuite.programs.self_rag import SelfRAGPrompted
@@ -518,7 +488,7 @@ def test_self_rag_prompted_keeps_the_best_critiqued_candidate():
     assert [p.id for p in alone.passages] == ["p0"]
 
 
-def test_self_rag_prompted_rates_usefulness_on_the_authors_minus_one_to_one_scale():
+def test_self_rag_prompted_rates_usefulness_on_the_authors_minus_one_to_one_scale(run, fresh):
     # [Utility:1..5] count -1, -0.5, 0, 0.5, 1. A relevant, partly supported but useless candidate (1.5 - 0.5)
     # loses to an irrelevant, fully supported, useful one (1.0 + 0.25); on a 0..1 scale it would win.
     from ragsuite.programs.self_rag import SelfRAGPrompted
@@ -542,7 +512,7 @@ def test_self_rag_prompted_rates_usefulness_on_the_authors_minus_one_to_one_scal
     assert prediction.answer == "Spielberg" and [p.id for p in prediction.passages] == ["p1"]
 
 
-def test_self_rag_prompted_answers_directly_when_retrieval_is_not_needed():
+def test_self_rag_prompted_answers_directly_when_retrieval_is_not_needed(scripted, run, fresh):
     from ragsuite.programs.self_rag import SelfRAGPrompted
 
     lm = scripted(needs_retrieval=False)

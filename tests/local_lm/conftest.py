@@ -1,4 +1,4 @@
-"""Test doubles for the local LM: tiny GGUF files and a stand-in ``llama-server`` executable.
+"""Test doubles for the local LM, as fixtures: tiny GGUF files and a stand-in ``llama-server`` executable.
 
 The stand-in takes llama-server's flags, serves ``/v1/models`` under ``--alias`` and answers chat
 completions with a fixed reply and exact usage, so the server lifecycle and the ``--lm local`` path can be
@@ -12,7 +12,10 @@ from __future__ import annotations
 import stat
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 
 def _string(text: str) -> bytes:
@@ -20,7 +23,7 @@ def _string(text: str) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def write_gguf(
+def _write_gguf(
     path: Path, metadata: dict[str, object], *, arrays: dict[str, list[object]] | None = None
 ) -> Path:
     """A GGUF (version 3) header with ``metadata`` (str -> string, bool, int -> uint32, float -> float32) and
@@ -47,8 +50,9 @@ def write_gguf(
     return path
 
 
-def tiny_model(path: Path, *, context_length: int = 32768) -> Path:
-    return write_gguf(
+def _tiny_model(path: Path, *, context_length: int = 32768) -> Path:
+    """A GGUF header of a tiny qwen2 model (a chat template, three tokens) at ``path``."""
+    return _write_gguf(
         path,
         {
             "general.architecture": "qwen2",
@@ -160,7 +164,7 @@ except KeyboardInterrupt:
 '''
 
 
-def fake_llama_server(folder: Path) -> Path:
+def _fake_llama_server(folder: Path) -> Path:
     """Write the stand-in ``llama-server`` into ``folder`` and return its path."""
     path = folder / "llama-server"
     path.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
@@ -168,7 +172,7 @@ def fake_llama_server(folder: Path) -> Path:
     return path
 
 
-def slice_packages(root: Path, data: bytes, names: list[str]) -> None:
+def _slice_packages(root: Path, data: bytes, names: list[str]) -> None:
     """Split ``data`` over packages ``names`` laid out like the model wheels (``<name>/data/partNN.bin``)."""
     size = -(-len(data) // len(names))
     for number, name in enumerate(names, start=1):
@@ -178,4 +182,25 @@ def slice_packages(root: Path, data: bytes, names: list[str]) -> None:
         (folder / f"part{number:02d}.bin").write_bytes(data[(number - 1) * size : number * size])
 
 
-__all__ = ["fake_llama_server", "slice_packages", "tiny_model", "write_gguf"]
+@pytest.fixture(scope="session")
+def write_gguf() -> Callable[..., Path]:
+    """``write_gguf(path, metadata, arrays=None)``: a GGUF (version 3) header without tensors."""
+    return _write_gguf
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[..., Path]:
+    """``tiny_model(path, context_length=32768)``: a tiny qwen2 model's GGUF header at ``path``."""
+    return _tiny_model
+
+
+@pytest.fixture(scope="session")
+def fake_llama_server() -> Callable[[Path], Path]:
+    """``fake_llama_server(folder)``: the stand-in ``llama-server`` written into ``folder``, its path."""
+    return _fake_llama_server
+
+
+@pytest.fixture(scope="session")
+def slice_packages() -> Callable[[Path, bytes, list[str]], None]:
+    """``slice_packages(root, data, names)``: ``data`` split over model packages laid out like the wheels."""
+    return _slice_packages
