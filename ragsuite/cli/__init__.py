@@ -3,7 +3,7 @@ the handler it sets with ``set_defaults(func=...)`` takes the parsed namespace a
 
 :func:`main` builds only the parser of the command it runs (the others are listed by name and help line),
 so ``ragsuite --help`` imports no command module and ``ragsuite CMD --help`` imports CMD's alone: neither
-imports dspy or torch (``tests/test_cli_startup.py``, ``benchmarks/cli_startup.py``).
+imports dspy or torch (``tests/cli/test_cli_startup.py``, ``benchmarks/cli_startup.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ragsuite.offline import use_bundled_model_metadata
 from ragsuite.redaction import install_log_redaction, redact
 
 # (name, module, help line) in the order ``ragsuite --help`` lists them. Each help line repeats the one the
-# module's register() gives; tests/test_cli_startup.py keeps the two equal.
+# module's register() gives; tests/cli/test_cli_startup.py keeps the two equal.
 COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("eval", "ragsuite.cli.eval", "evaluate a program on a dataset (parallel, resumable)"),
     (

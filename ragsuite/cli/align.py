@@ -20,7 +20,7 @@ from typing import Any
 from ragsuite.errors import ConfigError, DataError, Terminated
 
 # The programs with a preference-pair recipe (the keys of ragsuite.align.builder.RECIPES), named here so that
-# ``--help`` need not import the builder (and dspy); tests/test_cli_startup.py keeps the two equal.
+# ``--help`` need not import the builder (and dspy); tests/cli/test_cli_startup.py keeps the two equal.
 RECIPE_PROGRAMS = ("deepnote", "adaptive-note", "hanrag", "hanrag-oracle")
 
 

@@ -1,16 +1,16 @@
 """The registered programs as a static table: name, class, one-line summary and knob defaults.
 
-``ragsuite --help`` and every subcommand's ``--help`` read this table instead of importing the programs
-(which imports dspy, about a second of CPU), so help stays fast. It must not import dspy or any program
-module. ``tests/test_cli_startup.py`` checks it against the real registry (:func:`ragsuite.programs.names`,
-each class's ``default_knobs()``, which its ``KNOBS`` declarations give, and docstring); when a program is
-added or a default changes, that test fails. Rewrite the table from the registry with
+``ragsuite --help`` and every subcommand's ``--help`` read this table instead of importing the programs (which
+imports dspy, about a second of CPU), so help stays fast. It must not import dspy or any program module.
+``tests/cli/test_cli_startup.py`` checks it against the real registry (:func:`ragsuite.programs.names`, each
+class's ``default_knobs()``, which its ``KNOBS`` declarations give, and docstring); when a program is added or
+a default changes, that test fails. Rewrite the table from the registry with
 ``python -m ragsuite.programs.catalog`` (then ``ruff format ragsuite/programs/catalog.py``); summaries that
 still fit their docstrings are kept. A variant program (a subclass of another registered program that keeps
-its knobs, ``KNOBS = Base.KNOBS.override(...)``) names its base and lists only the defaults it changes, so
-its entry says what differs instead of repeating the base's table. The same command rewrites the knob
-tables of the docs' program pages (between ``<!-- knobs:NAME:start -->`` and ``<!-- knobs:NAME:end -->``)
-from the declarations.
+its knobs, ``KNOBS = Base.KNOBS.override(...)``) names its base and lists only the defaults it changes, so its
+entry says what differs instead of repeating the base's table. The same command rewrites the knob tables of
+the docs' program pages (between ``<!-- knobs:NAME:start -->`` and ``<!-- knobs:NAME:end -->``) from the
+declarations.
 """
 
 from __future__ import annotations
