@@ -22,7 +22,7 @@ Both steps run on one local server with ragsuite's default settings, as ``--lm l
 A dataset other than ``--dataset`` runs the same program files: a transfer of the compiled demos.
 
 Example:
-    python benchmarks/compiled_local.py --data-dir ../shared/data --dataset hotpotqa --train 30 --val 10 \\
+    python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --train 30 --val 10 \\
         --eval hotpotqa:100 2wikimultihopqa:50 --out benchmarks/results/compiled-local
     python benchmarks/compiled_local.py --out benchmarks/results/compiled-local --report \\
         --docs docs/local-lm.md
