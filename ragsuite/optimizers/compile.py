@@ -526,7 +526,7 @@ def compile_job(
         trainset=trainset,
         valset=valset,
         metric=metric,
-        scoring=optimizer_metric(metric, dataset=dataset),
+        scoring=optimizer_metric(metric, dataset=dataset, sound_trace=program.sound_demo_trace),
         dataset=dataset,
         teacher_lm=teacher_lm,
         reflection_lm=reflection_lm,

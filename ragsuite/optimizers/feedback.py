@@ -37,12 +37,19 @@ def resolve_metric(metric: Metric | None, dataset: str | None) -> Metric:
     return metric_for(dataset)
 
 
-def optimizer_metric(metric: Metric | None = None, *, dataset: str | None = None) -> Metric:
+def optimizer_metric(
+    metric: Metric | None = None,
+    *,
+    dataset: str | None = None,
+    sound_trace: Callable[[Any], bool] | None = None,
+) -> Metric:
     """Wrap a metric for DSPy optimizers: float while scoring, bool while bootstrapping.
 
     Args:
         metric: ``metric(example, prediction, trace=None)``; defaults to the dataset's primary metric.
         dataset: Dataset whose primary metric is used when ``metric`` is omitted.
+        sound_trace: While bootstrapping, a trace with a full-credit answer becomes demos only if this says
+            its steps are sound (a program's ``sound_demo_trace``).
     """
     base = resolve_metric(metric, dataset)
 
@@ -51,7 +58,8 @@ def optimizer_metric(metric: Metric | None = None, *, dataset: str | None = None
         if trace is None:
             return float(score)
         # A float metric asked for a pass/fail decision: only a full-credit answer becomes a demo.
-        return bool(score) if isinstance(score, bool) else float(score) >= PASS_THRESHOLD
+        passed = bool(score) if isinstance(score, bool) else float(score) >= PASS_THRESHOLD
+        return passed and (sound_trace is None or sound_trace(trace))
 
     ragsuite_metric.__name__ = getattr(base, "__name__", "ragsuite_metric")
     return ragsuite_metric

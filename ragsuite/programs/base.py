@@ -251,6 +251,13 @@ class RAGProgram(dspy.Module):
         and what matters to a run is the content found there. Eval runs record them as configuration."""
         return {}
 
+    def sound_demo_trace(self, trace: Sequence[tuple[Any, dict[str, Any], Any]]) -> bool:
+        """Whether a trace that reached a right answer may become demos. ``trace`` is DSPy's list of
+        ``(predictor, inputs, outputs)`` calls, as a bootstrapping optimizer hands it to its metric. A program
+        whose intermediate outputs can be degenerate while its answer is right (a small model's looping note)
+        says no to those, so that demos do not teach them. Every trace is sound here."""
+        return True
+
     def decision_knobs(self) -> dict[str, DecisionKnob]:
         """The knobs that hold a decision setting of a predictor (a threshold, a choice weight), each with
         where that setting lives, so that an optimizer fitting the predictors' settings (``compile

@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import dspy
@@ -75,7 +75,7 @@ from ragsuite.programs.pipeline import (
 )
 from ragsuite.retrieval.base import Passage, Retriever, query_token_limit
 from ragsuite.signatures.answer import answer_signature, format_passages
-from ragsuite.signatures.deepnote import NoteCompare, NoteInit, NoteUpdate, QueryRefine
+from ragsuite.signatures.deepnote import NOTE_MAX_CHARS, NoteCompare, NoteInit, NoteUpdate, QueryRefine
 
 if TYPE_CHECKING:
     from ragsuite.programs.stages import BlendStage, FilterStage
@@ -134,6 +134,27 @@ def _salvage_refine(predictor: Callable[..., Any]) -> Callable[..., Any]:
 
 def _normalize(query: str) -> str:
     return " ".join(query.lower().split())
+
+
+def _repeats_a_sentence(text: str) -> bool:
+    """Whether a sentence of 20 characters or more comes twice in ``text``: a small model looping."""
+    sentences = [_normalize(part) for part in re.split(r"(?<=[.?!])\s+", text)]
+    long = [sentence for sentence in sentences if len(sentence) >= 20]
+    return len(set(long)) < len(long)
+
+
+def _degenerate_step(inputs: dict[str, Any], outputs: Any) -> bool:
+    """A stage call a demo must not teach (see :meth:`DeepNote.sound_demo_trace`)."""
+    fields = dict(outputs.items()) if hasattr(outputs, "items") else {}
+    notes = [fields[name] for name in ("note", "updated_note") if isinstance(fields.get(name), str)]
+    if any(len(note) >= NOTE_MAX_CHARS or _repeats_a_sentence(note) for note in notes):
+        return True
+    queries = [_normalize(str(q)) for q in fields.get("queries") or []]
+    asked = {_normalize(str(q)) for q in inputs.get("asked_queries") or []}
+    if len(set(queries)) < len(queries) or asked & set(queries) or any(map(_repeats_a_sentence, queries)):
+        return True
+    best, updated = (_normalize(str(inputs.get(name, ""))) for name in ("best_note", "updated_note"))
+    return fields.get("better") is True and best == updated
 
 
 def retrieval_text(queries: list[str], question: str, *, token_limit: int | None = None) -> str:
@@ -254,6 +275,14 @@ class DeepNote(RAGProgram):
             NoteCompare, "better", mode=self.decisions, threshold=self.compare_threshold
         )
         self.answer = dspy.Predict(answer_signature(task, "note"))
+
+    def sound_demo_trace(self, trace: Sequence[tuple[Any, dict[str, Any], Any]]) -> bool:
+        """A trace becomes demos only if no step was degenerate: no note cut at ``NOTE_MAX_CHARS`` or
+        repeating a sentence, no refined query repeated (within the reply or from the asked list) or
+        repeating a sentence, and no unchanged note judged better. A small model that loops can still end
+        on a right answer (a yes/no question is a coin flip), and its demos then teach the loop to every
+        prompt."""
+        return not any(_degenerate_step(inputs, outputs) for _, inputs, outputs in trace)
 
     def decision_knobs(self) -> dict[str, DecisionKnob]:
         if self.decisions != "probability":

@@ -198,6 +198,30 @@ def test_optimizer_metric_is_float_when_scoring_and_bool_under_trace():
     assert optimizer_metric(lambda ex, pred, trace=None: 1.0)(example, pred, [("p", {}, {})]) is True
 
 
+def test_a_right_answer_from_an_unsound_trace_is_no_demo():
+    """While bootstrapping, the program's sound_demo_trace has the last word over a full-credit answer;
+    while scoring it has none. compile_job hands the program's own check to the optimizer."""
+    example = toys.examples()[0]
+    pred = dspy.Prediction(answer="x", trace=[], passages=[], stats={})
+    seen = []
+
+    def unsound(trace):
+        seen.append(trace)
+        return False
+
+    metric = optimizer_metric(lambda ex, pred, trace=None: 1.0, sound_trace=unsound)
+    assert metric(example, pred, [("p", {}, {})]) is False and seen == [[("p", {}, {})]]
+    assert metric(example, pred) == 1.0 and len(seen) == 1  # scoring never asks
+    from ragsuite.optimizers.compile import compile_job
+
+    program = _program()
+    program.sound_demo_trace = unsound
+    job = compile_job(
+        program, toys.examples()[:2], optimizer="bootstrap", metric=lambda ex, pred, trace=None: 1.0
+    )
+    assert job.scoring(example, pred, []) is False
+
+
 def test_feedback_names_missed_answer_and_retrieval():
     example = dspy.Example(question="q", answers=["Paris"], gold_passage_ids=["p1", "p2"]).with_inputs(
         "question"

@@ -15,6 +15,7 @@ from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.programs.base import MAX_QUESTION_CHARS
 from ragsuite.programs.deepnote import AdaptiveNote, DeepNote, retrieval_text
 from ragsuite.retrieval.base import Passage
+from ragsuite.signatures.deepnote import NOTE_MAX_CHARS
 from ragsuite.testing.retrievers import ListRetriever
 from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
@@ -818,3 +819,40 @@ def test_the_documented_difference_in_note_length_holds() -> None:
     assert reply_bounds(NoteInit.output_fields["note"]) == {"maxLength": NOTE_MAX_CHARS}
     assert reply_bounds(NoteUpdate.output_fields["updated_note"]) == {"maxLength": NOTE_MAX_CHARS}
     assert reply_bounds(NoteCompare.output_fields["better"]) == {}
+
+
+def test_a_trace_with_a_degenerate_step_becomes_no_demo() -> None:
+    """A 0.5B model bootstrapped its own demos with a note looping to the 2,000-character bound, a query
+    repeating itself and an unchanged note judged better, all on the way to a right yes/no answer."""
+    program = DeepNote(retriever=None)
+    question = "Are Eve Beglarian and Zach Bogosian both of Armenian descent?"
+    note = "Eve Beglarian is an American composer. Zach Bogosian is an American ice hockey player."
+    updated = note + " Both are Armenian."
+    sound = [
+        (program.note_init, {"question": question}, dspy.Prediction(note=note)),
+        (program.query_refine, {"asked_queries": ["Who is Eve Beglarian?"]},
+         dspy.Prediction(queries=["What is Zach Bogosian's descent?", "What is Eve Beglarian's descent?"])),
+        (program.note_update, {"best_note": note}, dspy.Prediction(updated_note=updated)),
+        (program.note_compare, {"best_note": note, "updated_note": updated},
+         dspy.Prediction(better=True)),
+        (program.answer, {"note": note}, dspy.Prediction(answer="yes")),
+    ]  # fmt: skip
+    assert program.sound_demo_trace(sound)
+    looping = "They both have a long history of music. " * 3
+    degenerate = {
+        "note at the bound": (program.note_init, {}, dspy.Prediction(note="x" * NOTE_MAX_CHARS)),
+        "note repeating a sentence": (program.note_update, {}, dspy.Prediction(updated_note=looping)),
+        "query asked before": (program.query_refine, {"asked_queries": ["Who is  Eve Beglarian?"]},
+                               dspy.Prediction(queries=["who is eve beglarian?"])),
+        "the same query twice": (program.query_refine, {}, dspy.Prediction(queries=["Where?", "where?"])),
+        "unchanged note judged better": (program.note_compare, {"best_note": note, "updated_note": note},
+                                         dspy.Prediction(better=True)),
+    }  # fmt: skip
+    for name, step in degenerate.items():
+        assert not program.sound_demo_trace([*sound, step]), name
+    unchanged_not_better = (
+        program.note_compare,
+        {"best_note": note, "updated_note": note},
+        dspy.Prediction(better=False),
+    )
+    assert program.sound_demo_trace([*sound, unchanged_not_better])
