@@ -221,12 +221,13 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def machine() -> dict[str, Any]:
-    """Facts about this machine and interpreter that a timing depends on."""
+def machine(packages: tuple[str, ...] = PACKAGES) -> dict[str, Any]:
+    """Facts about this machine and interpreter that a timing depends on, with the versions of ``packages``
+    (None: not installed)."""
     from importlib import metadata
 
     versions = {}
-    for name in PACKAGES:
+    for name in packages:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -1,6 +1,8 @@
 """Retrieval quality and speed: ragsuite's BM25Retriever against plain bm25s, side by side, on every dataset.
 
-    python benchmarks/retrieval.py [--datasets hotpotqa nq ...] [--repeats 5] [--out results.json] [--hybrid]
+    python benchmarks/retrieval.py [--datasets NAME ...] [--repeats 5] [--data-dir DIR] [--out FILE.json]
+    python benchmarks/retrieval.py --report FILE.json [--docs docs/retrieval.md]
+    python benchmarks/retrieval.py --hybrid [--records FILE.json] [--docs docs/retrieval.md]
 
 For each dataset with a corpus, every column (retriever) answers the dev questions; the table reports
 recall@5 / recall@10 of gold passages and queries per second, batched (one call for all questions) and one by
@@ -8,10 +10,16 @@ one. Timing runs of the columns are interleaved and repeated, and the median is 
 processes hits every column alike. "plain bm25s" is the reference configuration: Snowball English stemmer,
 bm25s' English stopwords, title and text joined by a space, method lucene, k1 = 1.5, b = 0.75; its query time
 includes ``bm25s.tokenize`` just as ragsuite's includes its own tokenizer. "plain bm25s numba" is the same
-index with bm25s' numba backend, its fastest; batches of both bm25s columns and of ragsuite use every core.
-A bm25s batch returns passage numbers, which the column maps to ids. "ragsuite BM25 ids" is the like-for-like
-call, ``batch_ids`` (ids only); "ragsuite BM25" returns whole passages, title and text read from the index's
-passage store, as a program gets them.
+index with bm25s' numba backend, its fastest; batches of both bm25s columns use every core, ragsuite's once
+large enough to gain from it. A bm25s batch returns passage numbers, which the column maps to ids. "ragsuite
+BM25 ids" is the like-for-like call, ``batch_ids`` (ids only); "ragsuite BM25" returns whole passages, title
+and text read from the index's passage store, as a program gets them.
+
+``--out FILE.json`` also writes the run's records: every row's figures (each timing run's, not only the
+median), the settings, the machine (cores, load average, nice value, Python and package versions) and the
+command. ``--report FILE.json`` runs nothing: it prints the Markdown report of such a file, from the file
+alone, and with ``--docs PAGE`` writes it between the page's ``<!-- bm25-vs-bm25s:start -->`` and
+``<!-- bm25-vs-bm25s:end -->`` markers.
 
 Adding a column: write ``def build_x(corpus, *, cache_dir) -> Column`` and list it in ``COLUMNS``.
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -43,6 +52,18 @@ from ragsuite.data.metrics import retrieval_recall
 from ragsuite.retrieval.base import Passage
 
 K = 10
+ROOT = Path(__file__).resolve().parents[1]
+#: The data a run reads unless ``--data-dir`` names other: the committed fixtures.
+FIXTURE_DATA = "tests/fixtures/data"
+#: The page section the BM25-against-bm25s report is written into (``--report FILE --docs PAGE``).
+MARKERS = "bm25-vs-bm25s"
+#: The packages whose versions a records file keeps.
+PACKAGES = ("ragsuite", "bm25s", "numba", "numpy", "PyStemmer")
+#: The columns the report compares: the reference, bm25s' fastest backend, ragsuite's ``batch`` and
+#: ``batch_ids``.
+REF, FAST, OURS, IDS = "plain bm25s", "plain bm25s numba", "ragsuite BM25", "ragsuite BM25 ids"
+#: The "plain bm25s" columns' text processing: PyStemmer's Snowball algorithm, bm25s' stopword list.
+STEMMER, STOPWORDS = "english", "en"
 
 
 @dataclass
@@ -61,16 +82,16 @@ def build_plain_bm25s(corpus: list[Passage], *, cache_dir: Path, backend: str = 
     import Stemmer
 
     del cache_dir
-    stemmer = Stemmer.Stemmer("english")
+    stemmer = Stemmer.Stemmer(STEMMER)
     retriever = bm25s.BM25(backend=backend)
     tokens = bm25s.tokenize(
-        [f"{p.title} {p.text}" for p in corpus], stopwords="en", stemmer=stemmer, show_progress=False
+        [f"{p.title} {p.text}" for p in corpus], stopwords=STOPWORDS, stemmer=stemmer, show_progress=False
     )
     retriever.index(tokens, show_progress=False)
     ids = np.array([p.id for p in corpus], dtype=object)
 
     def batch(queries: Sequence[str], k: int, threads: int = os.cpu_count() or 1) -> list[list[str]]:
-        q = bm25s.tokenize(list(queries), stopwords="en", stemmer=stemmer, show_progress=False)
+        q = bm25s.tokenize(list(queries), stopwords=STOPWORDS, stemmer=stemmer, show_progress=False)
         docs, _ = retriever.retrieve(q, k=min(k, len(corpus)), show_progress=False, n_threads=threads)
         return [ids[row].tolist() for row in docs]
 
@@ -433,11 +454,28 @@ def bench_dataset(
         for mode, runs in timing[column.name].items():
             if runs:
                 row["columns"][column.name][f"qps_{mode}"] = statistics.median(runs)
+                row["columns"][column.name][f"qps_{mode}_runs"] = runs
     return row
 
 
+def plain_bm25s_settings() -> dict:
+    """The reference configuration of the "plain bm25s" columns, the scoring parameters read from bm25s."""
+    import bm25s
+
+    index = bm25s.BM25()
+    return {
+        "stemmer": STEMMER,
+        "stopwords": STOPWORDS,
+        "text": "title + text",
+        "method": index.method,
+        "k1": index.k1,
+        "b": index.b,
+    }
+
+
 def markdown(rows: list[dict]) -> str:
-    ref, fast, ours, ids = "plain bm25s", "plain bm25s numba", "ragsuite BM25", "ragsuite BM25 ids"
+    """The Markdown table of the rows, as the script prints it after a run."""
+    ref, fast, ours, ids = REF, FAST, OURS, IDS
     lines = [
         "| dataset | passages | questions | R@5 plain | R@5 ragsuite | R@10 plain | R@10 ragsuite "
         "| q/s batch plain | q/s batch plain numba | q/s batch ragsuite ids | ratio to numba "
@@ -460,20 +498,79 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _span(values: Sequence[float], form: str) -> str:
+    """``low to high`` of ``values`` in ``form`` (one figure when they print alike; no ``-0.0``)."""
+    low, high = (float(format(x, form)) + 0.0 for x in (min(values), max(values)))
+    return format(low, form) if format(low, form) == format(high, form) else f"{low:{form}} to {high:{form}}"
+
+
+def report(records: dict) -> str:
+    """The Markdown report of a records file (``--out``), from the file alone: one sentence on what was run,
+    where and how, the table, then what it shows across the datasets."""
+    s, m, rows = records["settings"], records["machine"], records["rows"]
+    plain = s["plain_bm25s"]
+    versions = ", ".join(f"{name} {version}" for name, version in m["packages"].items() if version)
+    load = "/".join(f"{x:.1f}" for x in m["load_average"])
+    took = f"{records['wall_s']:.0f} s" if records["wall_s"] < 120 else f"{records['wall_s'] / 60:.0f} min"
+    offsets = [
+        run / column[f"qps_{mode}"] - 1
+        for row in rows
+        for column in row["columns"].values()
+        for mode in ("batch", "one")
+        for run in column.get(f"qps_{mode}_runs", [])
+    ]
+    offsets.sort(key=abs)
+    usual = offsets[max(0, (9 * len(offsets) + 9) // 10 - 1)]  # 9 in 10 runs are at most this far off
+    spread = (
+        f"single runs {100 * min(offsets):+.0f}% to {100 * max(offsets):+.0f}% off their median, 9 in 10 of "
+        f"them within {100 * abs(usual):.0f}%"
+    )
+    reference = (
+        f'PyStemmer\'s Snowball "{plain["stemmer"]}" stemmer, bm25s\' "{plain["stopwords"]}" stopwords, '
+        f"{plain['text']}, method {plain['method']}, k1 = {plain['k1']:g}, b = {plain['b']:g}"
+    )
+    sentence = (
+        f"One run of `{records['command']}` ({took}) on {m['cpus']} cores (load average {load} at its start, "
+        f"nice {m['nice']}; Python {m['python']}, {versions}): every question with gold passages of each "
+        f"dataset, k = {s['k']}; R@5 and R@10 are the mean share of a question's gold passages in its top 5 "
+        f"and 10, q/s the median of {s['repeats']} interleaved timing runs of every column, query tokenizing "
+        f'included ({spread}). "plain" is bm25s with {reference}; "plain '
+        "numba\" the same index on bm25s' numba backend. A batch is one call for all of a dataset's "
+        "questions (bm25s' with a thread per core, ragsuite's on every core once the batch is large enough "
+        'to gain from it); a bm25s batch returns passage numbers (mapped to ids), so "ragsuite ids" is the '
+        'like-for-like call, `batch_ids`, and "ragsuite passages" is `batch`, which also reads each '
+        "passage's title and text from the index's passage store."
+    )
+    cols = [[row["columns"][name] for name in (REF, FAST, OURS, IDS)] for row in rows]
+    gain5 = [100 * (b["recall@5"] - a["recall@5"]) for a, _, b, _ in cols]
+    gain10 = [100 * (b["recall@10"] - a["recall@10"]) for a, _, b, _ in cols]
+    higher = sum(g > 0 for g in gain5)
+    across = (
+        f"Recall@5, ragsuite against plain bm25s: {_span(gain5, '+.1f')} points (higher on {higher} of "
+        f"{len(rows)} datasets); recall@10: {_span(gain10, '+.1f')} points. One by one, ragsuite answers "
+        f"{_span([b['qps_one'] / a['qps_one'] for a, _, b, _ in cols], '.2f')}x as many queries per second "
+        f"as plain bm25s. Batched against bm25s' numba backend, `batch_ids` answers "
+        f"{_span([i['qps_batch'] / n['qps_batch'] for _, n, _, i in cols], '.2f')}x as many and `batch` "
+        f"{_span([b['qps_batch'] / n['qps_batch'] for _, n, b, _ in cols], '.2f')}x."
+    )
+    return "\n".join([sentence, "", markdown(rows), "", across])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     with_corpus = [n for n in dataset_names() if get_dataset_info(n).has_corpus]
     parser.add_argument("--datasets", nargs="+", default=with_corpus, choices=with_corpus)
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing runs per column (median)")
     parser.add_argument(
-        "--data-dir",
-        default=str(Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "data"),
-        help="datasets (default: the committed fixtures, tests/fixtures/data)",
+        "--data-dir", default=None, help=f"datasets (default: the committed fixtures, {FIXTURE_DATA})"
     )
     parser.add_argument(
         "--cache-dir", default=None, help="index cache (default: a fresh temporary directory)"
     )
-    parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--out", type=Path, default=None, help="also write the run's records (JSON) here")
+    parser.add_argument(
+        "--report", type=Path, metavar="FILE.json", help="print the report of a records file; run nothing"
+    )
     parser.add_argument(
         "--hybrid",
         action="store_true",
@@ -488,11 +585,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=60, help="--hybrid: Optuna trials per tuned fusion")
     parser.add_argument("--seed", type=int, default=0, help="--hybrid: the tuning sampler's seed")
     parser.add_argument("--records", default=None, help="--hybrid: write the run's records (JSON) here")
-    parser.add_argument("--docs", default=None, help="--hybrid/--render: rewrite this page's fusion tables")
+    parser.add_argument(
+        "--docs",
+        default=None,
+        help=f"with --report: write the report between this page's {MARKERS} markers; with --hybrid or "
+        "--render: rewrite its fusion tables",
+    )
     parser.add_argument(
         "--render", default=None, help="print (and --docs: write) the tables of saved records"
     )
     args = parser.parse_args(argv)
+    data_dir = args.data_dir or str(ROOT / FIXTURE_DATA)
+    if args.report:
+        text = report(json.loads(args.report.read_text(encoding="utf-8")))
+        print(text)
+        if args.docs:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from real_lm import write_between_markers
+
+            write_between_markers(Path(args.docs), MARKERS, text)
+        return 0
     if args.hybrid or args.render:
         if args.render:
             run = json.loads(Path(args.render).read_text(encoding="utf-8"))
@@ -500,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="ragsuite-bench-") as tmp:
                 run = fusion_run(
                     args.datasets,
-                    data_dir=args.data_dir,
+                    data_dir=data_dir,
                     cache_dir=Path(args.cache_dir or tmp),
                     dense_cache_dir=Path(args.dense_cache_dir) if args.dense_cache_dir else None,
                     dense_model=args.dense_model,
@@ -517,17 +629,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             page = Path(args.docs)
             page.write_text(replace_docs_block(page.read_text(encoding="utf-8"), table), encoding="utf-8")
         return 0
+    if args.docs:
+        parser.error("--docs goes with --report, --hybrid or --render")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from eval_engines import machine
+
+    command = shlex.join(["python", "benchmarks/retrieval.py", *(sys.argv[1:] if argv is None else argv)])
+    facts = machine(PACKAGES)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ragsuite-bench-") as tmp:
         cache_dir = Path(args.cache_dir or tmp)
         rows = []
         for name in args.datasets:
             print(f"benchmarking {name} ...", file=sys.stderr, flush=True)
-            rows.append(
-                bench_dataset(name, repeats=args.repeats, cache_dir=cache_dir, data_dir=args.data_dir)
-            )
+            rows.append(bench_dataset(name, repeats=args.repeats, cache_dir=cache_dir, data_dir=data_dir))
     print(markdown(rows))
     if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+        records = {
+            "benchmark": "retrieval",
+            "command": command,
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "wall_s": time.perf_counter() - started,
+            "settings": {
+                "datasets": args.datasets,
+                "data_dir": args.data_dir or FIXTURE_DATA,
+                "repeats": args.repeats,
+                "k": K,
+                "columns": list(rows[0]["columns"]) if rows else [],
+                "plain_bm25s": plain_bm25s_settings(),
+            },
+            "machine": facts,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "rows": rows,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
     return 0
 
 
