@@ -2,8 +2,9 @@
 
 Below the settings, the fixtures that tests in more than one folder share: the repository's root, benchmark
 scripts as modules, a tiny dense encoder, a stand-in vLLM, ``ragsuite eval`` command lines against a local
-server, and a headless browser. A folder's own helpers are fixtures of its ``conftest.py``; no test module
-imports another module of ``tests/`` (``tests/test_test_layout.py``).
+server, ``ragsuite compile`` command lines on a tiny dataset, and a headless browser. A folder's own helpers
+are fixtures of its ``conftest.py``; no test module imports another module of ``tests/``
+(``tests/test_test_layout.py``).
 """
 
 from __future__ import annotations
@@ -249,16 +250,21 @@ def universal_responder() -> Callable[[dict[str, str]], Callable[[ScriptedReques
 
 @pytest.fixture(scope="session")
 def eval_args() -> Callable[..., list[str]]:
-    """``eval_args(server, out, *extra, program="vanilla", dataset="hotpotqa")``: the argument list of a
-    ``ragsuite eval`` run against the local ``server``, without cache or progress bar, writing to ``out``."""
+    """``eval_args(server, out, *extra, program="vanilla", dataset="hotpotqa", program_file=None)``: the
+    argument list of a ``ragsuite eval`` run against the local ``server``, without cache or progress bar,
+    writing to ``out``; of the program file ``program_file`` when one is given, else of ``program``."""
 
     def args(
-        server: LocalOpenAIServer, out: Path, *extra: str, program: str = "vanilla", dataset: str = "hotpotqa"
+        server: LocalOpenAIServer,
+        out: Path,
+        *extra: str,
+        program: str = "vanilla",
+        dataset: str = "hotpotqa",
+        program_file: Path | None = None,
     ) -> list:
         return [
             "eval",
-            "--program",
-            program,
+            *(["--program-file", str(program_file)] if program_file else ["--program", program]),
             "--dataset",
             dataset,
             "--lm",
@@ -288,6 +294,83 @@ def run_eval() -> Callable[[LocalOpenAIServer, Path, str], Path]:
         return out
 
     return run
+
+
+# ------------------------------------------------------------ `ragsuite compile` on a tiny yes/no dataset
+@pytest.fixture(scope="session")
+def tiny_dataset() -> Callable[..., Path]:
+    """``tiny_dataset(root, n=6)``: the data directory ``root`` (returned), holding a hotpotqa dev split of
+    ``n`` questions "Is tiny <i> answered no?", each answered "no", and no corpus (nothing to retrieve)."""
+
+    def write(root: Path, n: int = 6) -> Path:
+        folder = root / "hotpotqa"
+        folder.mkdir(parents=True)
+        rows = [
+            {"id": f"t{i}", "question": f"Is tiny {i} answered no?", "answers": ["no"], "type": "comparison"}
+            for i in range(n)
+        ]
+        (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return root
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def answers_no() -> Callable[[ScriptedRequest], dict | str]:
+    """A responder for ``tiny_dataset``'s questions: "no" for an answer, "Scripted <field>" for any other
+    output field (GEPA's proposed instructions included), as a JSON object where the prompt asks for one."""
+
+    def respond(request: ScriptedRequest) -> dict | str:
+        values = {name: ("no" if name == "answer" else f"Scripted {name}") for name in request.output_fields}
+        if "Respond with a JSON object" in request.user:
+            return json.dumps(values)
+        return values
+
+    return respond
+
+
+@pytest.fixture(scope="session")
+def compile_args() -> Callable[..., list[str]]:
+    """``compile_args(data, out, *extra, optimizer="bootstrap", val=3, server=None)``: the argument list of a
+    ``ragsuite compile`` of the no-retrieval program on the hotpotqa dev split of ``data`` (a
+    ``tiny_dataset``), 2 train and ``val`` val questions, one thread, writing to ``out``; with a local
+    ``server``, against it as ``openai/scripted``, without cache or retries."""
+
+    def args(
+        data: Path,
+        out: Path,
+        *extra: str,
+        optimizer: str = "bootstrap",
+        val: int = 3,
+        server: LocalOpenAIServer | None = None,
+    ) -> list[str]:
+        lm = ["--lm", "openai/scripted", "--api-base", server.api_base] if server else []
+        lm += ["--no-cache", "--retries", "0"] if server else []
+        return [
+            "compile",
+            "--program",
+            "no-retrieval",
+            "--dataset",
+            "hotpotqa",
+            "--data-dir",
+            str(data),
+            "--retriever",
+            "none",
+            "--optimizer",
+            optimizer,
+            "--train",
+            "2",
+            "--val",
+            str(val),
+            "--threads",
+            "1",
+            "--out",
+            str(out),
+            *lm,
+            *extra,
+        ]
+
+    return args
 
 
 # -------------------------------------------------------------------------------- a headless browser
@@ -331,6 +414,23 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def _dump_dom(chromium: str, page: Path, *options: str) -> str:
+    """The DOM of ``page`` once its script ran, from headless Chromium started with ``options``."""
+    from ragsuite.processes import stop_process
+
+    process = subprocess.Popen(
+        [chromium, *_BROWSER, *options, "--dump-dom", page.as_uri()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        dom, _ = process.communicate(timeout=90)
+    finally:
+        stop_process(process)
+    return dom
+
+
 @pytest.fixture(scope="session")
 def browser_dom(chromium: str | None) -> Callable[[Path, Path], str]:
     """``browser_dom(page, screenshot)``: the DOM after the page's script ran, and a screenshot, from headless
@@ -341,16 +441,7 @@ def browser_dom(chromium: str | None) -> Callable[[Path, Path], str]:
         pytest.skip("needs a browser: apt-get install chromium")
 
     def dom_of(page: Path, screenshot: Path) -> str:
-        process = subprocess.Popen(
-            [chromium, *_BROWSER, "--dump-dom", page.as_uri()],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            dom, _ = process.communicate(timeout=90)
-        finally:
-            stop_process(process)
+        dom = _dump_dom(chromium, page)
         shot = subprocess.Popen(
             [chromium, *_BROWSER, f"--screenshot={screenshot}", "--window-size=1200,1600", page.as_uri()],
             stdout=subprocess.DEVNULL,
@@ -369,24 +460,13 @@ def browser_dom(chromium: str | None) -> Callable[[Path, Path], str]:
 def layout_at(chromium: str | None) -> Callable[[Path, int], dict]:
     """``layout_at(page, width)``: what overflows when ``page`` is shown in a ``width``-px wide window of
     headless Chromium. A test that asks for it is skipped on a machine without the browser."""
-    from ragsuite.processes import stop_process
-
     if chromium is None:
         pytest.skip("needs a browser: apt-get install chromium")
 
     def measure(page: Path, width: int) -> dict:
         probe = page.with_name(page.stem + "-measured.html")
         probe.write_text(page.read_text().replace("</body>", _MEASURE + "</body>"))
-        process = subprocess.Popen(
-            [chromium, *_BROWSER, f"--window-size={width},900", "--dump-dom", probe.as_uri()],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            dom, _ = process.communicate(timeout=90)
-        finally:
-            stop_process(process)
+        dom = _dump_dom(chromium, probe, f"--window-size={width},900")
         found = re.search(r'<pre id="measure">(.*?)</pre>', dom, re.S)
         assert found, "the page did not finish rendering"
         return json.loads(html.unescape(found.group(1)))

@@ -3,6 +3,7 @@ server: replies that parse for any stage of any registered program, without a mo
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -130,3 +131,27 @@ def grounded_responder(gold: dict[str, str]) -> Callable[[ScriptedRequest], dict
         return values
 
     return respond
+
+
+def sampling_tag(request: ScriptedRequest) -> str:
+    """``t<temperature>p<top_p>``: the sampling settings a request asked for, to tag a reply with (a reply
+    sampled at temperature 0.5, top_p 0.9 reads ``note t0.5p0.9``); ``None`` stands for a setting not sent.
+
+    Example:
+        >>> request = ScriptedRequest("", {}, ["note"], "", "", sampling={"temperature": 0.5, "top_p": 0.9})
+        >>> sampling_tag(request)
+        't0.5p0.9'
+    """
+    return f"t{request.sampling.get('temperature')}p{request.sampling.get('top_p')}"
+
+
+def candidate_number(candidates: str, marker: str) -> int:
+    """The 1-based number of the first candidate containing ``marker`` in a judge's input, a JSON list of
+    candidates: how a scripted judge names the candidate it picks.
+
+    Example:
+        >>> candidate_number('["note t0.1p0.5", "note t0.9p0.1"]', "t0.9p0.1")
+        2
+    """
+    items = json.loads(candidates)
+    return next(i for i, item in enumerate(items, start=1) if marker in item)

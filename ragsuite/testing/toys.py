@@ -216,6 +216,26 @@ def toy_evaluate(
     )
 
 
+def tune_options(out_dir: Any = None, **changes: Any) -> dict[str, Any]:
+    """The settings of a toy tuning study: :class:`ToyProgram` (``program``) on 4 toy questions with the
+    scripted LM and the toy retriever, 2 trials, one thread, seed 0, its files under ``out_dir``; ``changes``
+    replace or add settings. With ``program`` popped (``tune``'s first argument), the keyword arguments of
+    ``ragsuite.optimizers.tune``; as they are, those of its ``TuneConfig``."""
+    options: dict[str, Any] = dict(
+        program=ToyProgram,
+        dataset="hotpotqa",
+        valset=examples(4),
+        retriever=ToyRetriever(),
+        lm=scripted_lm(),
+        trials=2,
+        out_dir=out_dir,
+        threads=1,
+        seed=0,
+    )
+    options.update(changes)
+    return options
+
+
 def run_worker(storage: str, seed: int, trials: int, barrier: str = "", workers: int = 2) -> None:
     """One tuning process sharing ``storage`` with others (each run in a process of its own). With a
     ``barrier`` folder, it waits until ``workers`` processes are ready so that all of them take part."""
@@ -232,18 +252,8 @@ def run_worker(storage: str, seed: int, trials: int, barrier: str = "", workers:
         deadline = time.monotonic() + 120
         while len(list(Path(barrier).glob("ready-*"))) < workers and time.monotonic() < deadline:
             time.sleep(0.002)  # a tight start, so that the workers really race
-    tune(
-        ToyProgram,
-        dataset="hotpotqa",
-        valset=examples(4),
-        retriever=ToyRetriever(),
-        lm=scripted_lm(),
-        trials=trials,
-        storage=storage,
-        study_name="shared",
-        seed=seed,
-        threads=1,
-    )
+    options = tune_options(trials=trials, storage=storage, study_name="shared", seed=seed)
+    tune(options.pop("program"), **options)
 
 
 @contextlib.contextmanager

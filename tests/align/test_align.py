@@ -3,8 +3,10 @@ judge choices are planted, and DPO on a tiny random causal LM built here (no wei
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
 from ragsuite.errors import ConfigError, install_hint
 from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
+from ragsuite.testing.responders import candidate_number, sampling_tag
 from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
 DATASET = "2wikimultihopqa"
@@ -29,16 +32,6 @@ BEST_NOTE, WORST_NOTE = "t0.5p0.5", "t0.9p0.1"
 BEST_QUERIES, WORST_QUERIES = "t0.1p0.5", "t0.5p0.9"
 
 
-def tag(request: ScriptedRequest) -> str:
-    return f"t{request.sampling['temperature']}p{request.sampling['top_p']}"
-
-
-def numbered(text: str, marker: str) -> int:
-    """The 1-based number of the candidate containing ``marker`` in a judge's JSON list input."""
-    items = json.loads(text)
-    return next(i for i, item in enumerate(items, start=1) if marker in item)
-
-
 def responder(request: ScriptedRequest) -> dict:
     """Every DeepNote/HANRAG stage, replies tagged with their sampling setting; the judge's picks planted."""
     fields = request.output_fields
@@ -47,18 +40,21 @@ def responder(request: ScriptedRequest) -> dict:
         if question == TIED:
             return {"best": 2, "worst": 2}
         notes = request.inputs["notes"]
-        return {"best": numbered(notes, BEST_NOTE), "worst": numbered(notes, WORST_NOTE)}
+        return {"best": candidate_number(notes, BEST_NOTE), "worst": candidate_number(notes, WORST_NOTE)}
     if "best" in fields:
         candidates = request.inputs["candidates"]
-        return {"best": numbered(candidates, BEST_QUERIES), "worst": numbered(candidates, WORST_QUERIES)}
+        return {
+            "best": candidate_number(candidates, BEST_QUERIES),
+            "worst": candidate_number(candidates, WORST_QUERIES),
+        }
     if "better" in fields:  # NoteCompare: only the updates sampled at temperature 0.1 are better
         return {"better": "updated t0.1" in request.inputs["updated_note"]}
     if "note" in fields:
-        return {"note": f"note {tag(request)}"}
+        return {"note": f"note {sampling_tag(request)}"}
     if "queries" in fields:
-        return {"queries": [f"first query {tag(request)}", f"second query {tag(request)}"]}
+        return {"queries": [f"first query {sampling_tag(request)}", f"second query {sampling_tag(request)}"]}
     if "updated_note" in fields:
-        return {"updated_note": f"updated {tag(request)}"}
+        return {"updated_note": f"updated {sampling_tag(request)}"}
     if "category" in fields:  # HANRAG's router: right (complex) only at temperature 0.1
         return {"category": "complex" if request.sampling["temperature"] == 0.1 else "single-step"}
     if "relevant" in fields:  # HANRAG's filter: says relevant only at temperature 0.1
@@ -66,42 +62,15 @@ def responder(request: ScriptedRequest) -> dict:
     if "answer" in fields:  # exact at 0.1, containing the gold at 0.5, wrong at 0.9
         gold = GOLD.get(question, "unknown")
         temperature = request.sampling["temperature"]
-        answer = {0.1: gold, 0.5: f"it is {gold} I think"}.get(temperature, f"wrong {tag(request)}")
+        answer = {0.1: gold, 0.5: f"it is {gold} I think"}.get(temperature, f"wrong {sampling_tag(request)}")
         return {"answer": answer}
     raise AssertionError(f"unexpected request for {fields}")
 
 
-def build_args(server: LocalOpenAIServer, out: Path, *extra: str, program: str = "deepnote") -> list[str]:
-    judge = (
-        ["--judge-lm", "openai/scripted", "--judge-api-base", server.api_base]
-        if program == "deepnote"
-        else []
-    )
-    return [
-        "align",
-        "build",
-        "--program",
-        program,
-        "--dataset",
-        DATASET,
-        "--split",
-        "dev",
-        "--samples",
-        str(N),
-        "--lm",
-        "openai/scripted",
-        "--api-base",
-        server.api_base,
-        *judge,
-        "--no-cache",
-        "--retries",
-        "0",
-        "--threads",
-        "2",
-        "--out",
-        str(out),
-        *extra,
-    ]
+@pytest.fixture(scope="module")
+def build_args(align_build_args) -> Callable[..., list[str]]:
+    """``build_args(server, out, *extra, program="deepnote")``: an ``align build`` of the N questions."""
+    return functools.partial(align_build_args, samples=N, dataset=DATASET)
 
 
 def records(out: Path) -> dict[str, dict]:
@@ -114,7 +83,7 @@ def pairs_of(record: dict, stage: str) -> list[PreferencePair]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def built(tmp_path_factory: pytest.TempPathFactory, build_args) -> dict:
     """One DeepNote build over three questions, then a resume of it."""
     out = tmp_path_factory.mktemp("align") / "dnalign"
     with LocalOpenAIServer(responder) as server:
@@ -204,7 +173,7 @@ def test_build_selects_counts_writes_trl_rows_and_resumes(built: dict) -> None:
     assert built["again"] == 0 and built["resumed"] == 0
 
 
-def test_build_refuses_another_configuration_in_the_same_directory(built: dict, capsys) -> None:
+def test_build_refuses_another_configuration_in_the_same_directory(built: dict, capsys, build_args) -> None:
     with LocalOpenAIServer(responder) as server:
         code = main(build_args(server, built["out"], "--top-k", "5"))
         assert server.chat_requests == 0
@@ -235,7 +204,7 @@ def test_build_without_a_train_split_names_the_installed_splits_and_the_download
     assert "ragsuite data download 2wikimultihopqa --subset train" in err and "--questions FILE" in err
 
 
-def test_a_failed_question_is_recorded_and_rebuilt_on_the_next_run(tmp_path, capsys) -> None:
+def test_a_failed_question_is_recorded_and_rebuilt_on_the_next_run(tmp_path, capsys, build_args) -> None:
     out = tmp_path / "faulty"
     failing = EXAMPLES[1].question
 
@@ -256,7 +225,7 @@ def test_a_failed_question_is_recorded_and_rebuilt_on_the_next_run(tmp_path, cap
     assert rebuilt["error"] is None and len(rebuilt["pairs"]) == 4
 
 
-def test_deepnote_build_without_a_judge_says_to_pass_one(tmp_path, capsys) -> None:
+def test_deepnote_build_without_a_judge_says_to_pass_one(tmp_path, capsys, build_args) -> None:
     with LocalOpenAIServer(responder) as server:
         args = build_args(server, tmp_path / "o")
         at = args.index("--judge-lm")
@@ -265,7 +234,7 @@ def test_deepnote_build_without_a_judge_says_to_pass_one(tmp_path, capsys) -> No
     assert code == 2 and "needs a judge LM: pass --judge-lm" in capsys.readouterr().err
 
 
-def test_hanrag_recipe_labels_router_and_filter_with_the_dataset(tmp_path) -> None:
+def test_hanrag_recipe_labels_router_and_filter_with_the_dataset(tmp_path, build_args) -> None:
     out = tmp_path / "hanrag"
     with LocalOpenAIServer(responder) as server:
         code = main(build_args(server, out, program="hanrag"))
@@ -373,6 +342,19 @@ def tiny_model(rows: list[dict], path: Path, *, dtype: str = "float32") -> None:
     fast.save_pretrained(path)
 
 
+def built_rows(built: dict) -> list[dict]:
+    return [
+        json.loads(line) for line in (built["out"] / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+
+
+def train(built: dict, base: Path, out: Path, *options: str, dtype: str = "float32") -> int:
+    """``align train`` on the built pairs, from a tiny model saved at ``base`` in ``dtype``, writing to
+    ``out``: its exit code."""
+    tiny_model(built_rows(built), base, dtype=dtype)
+    return main(["align", "train", str(built["out"]), "--model", str(base), "--out", str(out), *options])
+
+
 def test_train_dpo_on_the_built_pairs_lowers_the_loss_and_saves_a_loadable_model(
     built: dict, tmp_path
 ) -> None:
@@ -381,33 +363,10 @@ def test_train_dpo_on_the_built_pairs_lowers_the_loss_and_saves_a_loadable_model
     import torch
     from transformers import AutoModelForCausalLM
 
-    rows = [
-        json.loads(line) for line in (built["out"] / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
+    rows = built_rows(built)
     base, out = tmp_path / "base", tmp_path / "trained"
-    tiny_model(rows, base)
-    code = main(
-        [
-            "align",
-            "train",
-            str(built["out"]),
-            "--model",
-            str(base),
-            "--out",
-            str(out),
-            "--learning-rate",
-            "5e-3",
-            "--batch-size",
-            "4",
-            "--per-device-batch-size",
-            "2",
-            "--max-steps",
-            "6",
-            "--max-length",
-            "2048",
-        ]
-    )
-    assert code == 0
+    options = ["--learning-rate", "5e-3", "--batch-size", "4", "--per-device-batch-size", "2"]
+    assert train(built, base, out, *options, "--max-steps", "6", "--max-length", "2048") == 0
     record = json.loads((out / "align_train.json").read_text(encoding="utf-8"))
     losses = record["losses"]
     assert (
@@ -430,47 +389,15 @@ def test_train_with_lora_saves_a_merged_model(built: dict, tmp_path) -> None:
     pytest.importorskip("peft", reason="needs the train extra: pip install -e '.[train]'")
     from transformers import AutoModelForCausalLM
 
-    rows = [
-        json.loads(line) for line in (built["out"] / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
     base, out = tmp_path / "base", tmp_path / "lora"
-    tiny_model(rows, base)
-    code = main(
-        [
-            "align",
-            "train",
-            str(built["out"]),
-            "--model",
-            str(base),
-            "--out",
-            str(out),
-            "--lora",
-            "--learning-rate",
-            "1e-2",
-            "--batch-size",
-            "2",
-            "--per-device-batch-size",
-            "2",
-            "--max-steps",
-            "4",
-            "--max-length",
-            "2048",
-            "--stages",
-            "answer,note_init",
-        ]
-    )
-    assert code == 0
+    options = ["--lora", "--learning-rate", "1e-2", "--batch-size", "2", "--per-device-batch-size", "2"]
+    options += ["--max-steps", "4", "--max-length", "2048", "--stages", "answer,note_init"]
+    assert train(built, base, out, *options) == 0
     record = json.loads((out / "align_train.json").read_text(encoding="utf-8"))
     assert record["stages"] == ["answer", "note_init"] and record["pairs"] == 4
     assert record["losses"][-1] < record["losses"][0]
     model = AutoModelForCausalLM.from_pretrained(out)  # merged: a plain model, no adapter files needed
     assert not (out / "adapter_config.json").exists() and type(model).__name__ == "LlamaForCausalLM"
-
-
-def built_rows(built: dict) -> list[dict]:
-    return [
-        json.loads(line) for line in (built["out"] / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    ]
 
 
 def changed_share(trained, reference, *, only: str = "") -> float:
@@ -507,10 +434,8 @@ def test_bf16_trains_float32_weights_under_autocast_and_the_paper_s_lr_moves_the
 
     monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", watched)
     base, out = tmp_path / "base", tmp_path / "trained"
-    tiny_model(built_rows(built), base, dtype="bfloat16")
-    argv = ["align", "train", str(built["out"]), "--model", str(base), "--out", str(out), "--bf16"]
-    argv += ["--batch-size", "2", "--per-device-batch-size", "2", "--max-steps", "4", "--max-length", "2048"]
-    assert main(argv) == 0  # the default learning rate
+    options = ["--bf16", "--batch-size", "2", "--per-device-batch-size", "2", "--max-steps", "4"]
+    assert train(built, base, out, *options, "--max-length", "2048", dtype="bfloat16") == 0  # the default lr
     assert seen and {weight for weight, _ in seen} == {torch.float32}  # master weights stay float32
     assert torch.bfloat16 in {output for _, output in seen}  # and the compute ran in bfloat16
     record = json.loads((out / "align_train.json").read_text(encoding="utf-8"))
@@ -549,10 +474,8 @@ def test_lora_has_its_own_default_lr_and_it_moves_the_merged_weights(built: dict
     assert DPOSettings(lora=True).effective_learning_rate == LORA_LEARNING_RATE > 5e-7
     assert DPOSettings(lora=True, learning_rate=1e-4).effective_learning_rate == 1e-4
     base, out = tmp_path / "base", tmp_path / "lora"
-    tiny_model(built_rows(built), base)
-    argv = ["align", "train", str(built["out"]), "--model", str(base), "--out", str(out), "--lora", "--bf16"]
-    argv += ["--batch-size", "2", "--per-device-batch-size", "2", "--max-steps", "3", "--max-length", "2048"]
-    assert main(argv) == 0
+    options = ["--lora", "--bf16", "--batch-size", "2", "--per-device-batch-size", "2", "--max-steps", "3"]
+    assert train(built, base, out, *options, "--max-length", "2048") == 0
     record = json.loads((out / "align_train.json").read_text(encoding="utf-8"))
     assert record["settings"]["learning_rate"] == LORA_LEARNING_RATE and record["weights_dtype"] == "float32"
     trained = AutoModelForCausalLM.from_pretrained(out, dtype="auto")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from types import SimpleNamespace
 
 import dspy
@@ -33,6 +32,7 @@ from ragsuite.align.pairs import PreferencePair, Sample
 from ragsuite.cli import main
 from ragsuite.data.datasets import load_dataset
 from ragsuite.testing.openai_server import LocalOpenAIServer
+from ragsuite.testing.responders import candidate_number, sampling_tag
 from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
 DATASET = "2wikimultihopqa"
@@ -49,15 +49,6 @@ BROKEN_QUERIES = "BROKEN queries: who directed it, when was it released"
 JSON_NOTE = "note from the JSON retry"
 
 
-def tag(request: ScriptedRequest) -> str:
-    return f"t{request.sampling.get('temperature')}p{request.sampling.get('top_p')}"
-
-
-def numbered(text: str, marker: str) -> int:
-    items = json.loads(text)
-    return next(i for i, item in enumerate(items, start=1) if marker in item)
-
-
 def is_json_retry(request: ScriptedRequest) -> bool:
     return "Outputs will be a JSON object" in request.system
 
@@ -72,13 +63,16 @@ def planted(request: ScriptedRequest) -> dict | str:
         notes = request.inputs["notes"]
         worst = BROKEN_NOTE if question == Q_BROKEN else "note t0.9p0.1"
         best = JSON_NOTE if question == Q_LONG else "note t0.5p0.5"
-        return {"best": numbered(notes, best), "worst": numbered(notes, worst)}
+        return {"best": candidate_number(notes, best), "worst": candidate_number(notes, worst)}
     if "best" in fields:
         candidates = request.inputs["candidates"]
         if question == Q_NO_WORST:
             return {"best": 2, "worst": 12}
         best = BROKEN_QUERIES if question == Q_BROKEN else "first query t0.1p0.5"
-        return {"best": numbered(candidates, best), "worst": numbered(candidates, "first query t0.5p0.9")}
+        return {
+            "best": candidate_number(candidates, best),
+            "worst": candidate_number(candidates, "first query t0.5p0.9"),
+        }
     if "better" in fields:  # better at temperature 0.1; an unreadable verdict for every other update
         return {"better": True} if "updated t0.1" in request.inputs["updated_note"] else "hard to say"
     if "note" in fields:
@@ -86,21 +80,21 @@ def planted(request: ScriptedRequest) -> dict | str:
             return BROKEN_NOTE
         if question == Q_LONG and setting == (0.5, 0.9):
             return {"note": JSON_NOTE} if is_json_retry(request) else "a reply the chat format cannot read"
-        return {"note": f"note {tag(request)}"}
+        return {"note": f"note {sampling_tag(request)}"}
     if "queries" in fields:
         if question == Q_BROKEN and setting == (0.1, 0.5):
             return BROKEN_QUERIES
         if question == Q_LONG and setting == (0.5, 0.9) and not is_json_retry(request):
             return "a reply the chat format cannot read"
-        return {"queries": [f"first query {tag(request)}", f"second query {tag(request)}"]}
+        return {"queries": [f"first query {sampling_tag(request)}", f"second query {sampling_tag(request)}"]}
     if "updated_note" in fields:
-        return {"updated_note": f"updated {tag(request)}"}
+        return {"updated_note": f"updated {sampling_tag(request)}"}
     if "answer" in fields:
         gold, temperature = GOLD[question], request.sampling["temperature"]
         if question == Q_NO_WORST:  # "Indiana": none equal, one contains it and is short
             return {
                 "answer": {0.1: f"{gold}, USA", 0.5: f"It was in the state of {gold}, in the USA"}.get(
-                    temperature, f"wrong {tag(request)}"
+                    temperature, f"wrong {sampling_tag(request)}"
                 )
             }
         if question == Q_LONG:  # every answer contains the gold one; the long ones are rejected
@@ -108,7 +102,11 @@ def planted(request: ScriptedRequest) -> dict | str:
             return {"answer": {0.1: gold, 0.5: long}.get(temperature, f"{gold}, England")}
         if question == Q_BROKEN and temperature == 0.9:
             return "I do not know."
-        return {"answer": {0.1: gold, 0.5: f"it is {gold} I think"}.get(temperature, f"wrong {tag(request)}")}
+        return {
+            "answer": {0.1: gold, 0.5: f"it is {gold} I think"}.get(
+                temperature, f"wrong {sampling_tag(request)}"
+            )
+        }
     raise AssertionError(f"unexpected request for {fields}")
 
 
@@ -118,43 +116,11 @@ def responder(request: ScriptedRequest) -> dict | str:
     return json.dumps(reply) if is_json_retry(request) and isinstance(reply, dict) else reply
 
 
-def build(server: LocalOpenAIServer, out: Path) -> int:
-    return main(
-        [
-            "align",
-            "build",
-            "--program",
-            "deepnote",
-            "--dataset",
-            DATASET,
-            "--split",
-            "dev",
-            "--samples",
-            str(N),
-            "--lm",
-            "openai/scripted",
-            "--api-base",
-            server.api_base,
-            "--judge-lm",
-            "openai/scripted",
-            "--judge-api-base",
-            server.api_base,
-            "--no-cache",
-            "--retries",
-            "0",
-            "--threads",
-            "2",
-            "--out",
-            str(out),
-        ]
-    )
-
-
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def world(tmp_path_factory: pytest.TempPathFactory, align_build_args) -> dict:
     out = tmp_path_factory.mktemp("align-original") / "dnalign"
     with LocalOpenAIServer(responder) as server:
-        code = build(server, out)
+        code = main(align_build_args(server, out, samples=N, dataset=DATASET))
         requests = server.requests
     lines = (out / "records.jsonl").read_text(encoding="utf-8").splitlines()
     records = {r["question"]: r for r in map(json.loads, lines)}

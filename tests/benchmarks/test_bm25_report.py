@@ -28,66 +28,61 @@ def _spread(median: float) -> list[float]:
     return [0.8 * median, median, 1.2 * median]
 
 
-RECORDS = {
-    "benchmark": "retrieval",
-    "command": "python benchmarks/retrieval.py --repeats 3 --data-dir DEV --out r.json",
-    "date": "2026-01-01",
-    "wall_s": 150.0,
-    "settings": {
-        "datasets": ["hotpotqa", "nq"],
-        "data_dir": "DEV",
-        "repeats": 3,
-        "k": 10,
-        "columns": ["plain bm25s", "plain bm25s numba", "ragsuite BM25", "ragsuite BM25 ids"],
-        "plain_bm25s": {
-            "stemmer": "english",
-            "stopwords": "en",
-            "text": "title + text",
-            "method": "lucene",
-            "k1": 1.5,
-            "b": 0.75,
-        },
-    },
-    "machine": {
-        "cpus": 2,
-        "cpus_usable": 2,
-        "load_average": [1.25, 1.0, 0.5],
-        "nice": 10,
-        "python": "3.11.7",
-        "platform": "Linux",
-        "packages": {"ragsuite": "0.1.0", "bm25s": "0.3.16", "numba": None},
-    },
-    "load_average_after": [1.5, 1.1, 0.6],
-    "rows": [
-        {
-            "dataset": "hotpotqa",
-            "passages": 7616,
-            "questions": 300,
-            "columns": {
-                "plain bm25s": _column(0.775, 0.8866, [4000.0, 5000.0, 6000.0], [2000.0, 2000.0, 2000.0]),
-                "plain bm25s numba": _column(0.775, 0.8866, [10000.0, 10000.0, 5000.0], [4000.0] * 3),
-                "ragsuite BM25": _column(0.79, 0.892, [8000.0, 8000.0, 8000.0], [6000.0, 6000.0, 12000.0]),
-                "ragsuite BM25 ids": _column(0.79, 0.892, [20000.0, 20000.0, 20000.0]),
+@pytest.fixture(scope="module")
+def records(run_facts) -> dict:
+    """A synthetic records file: two datasets, three timing runs per column."""
+    return run_facts(
+        {"ragsuite": "0.1.0", "bm25s": "0.3.16", "numba": None},
+        benchmark="retrieval",
+        command="python benchmarks/retrieval.py --repeats 3 --data-dir DEV --out r.json",
+        wall_s=150.0,
+        settings={
+            "datasets": ["hotpotqa", "nq"],
+            "data_dir": "DEV",
+            "repeats": 3,
+            "k": 10,
+            "columns": ["plain bm25s", "plain bm25s numba", "ragsuite BM25", "ragsuite BM25 ids"],
+            "plain_bm25s": {
+                "stemmer": "english",
+                "stopwords": "en",
+                "text": "title + text",
+                "method": "lucene",
+                "k1": 1.5,
+                "b": 0.75,
             },
         },
-        {
-            "dataset": "nq",
-            "passages": 2588,
-            "questions": 497,
-            "columns": {
-                "plain bm25s": _column(0.92, 0.962, _spread(7000.0), _spread(3000.0)),
-                "plain bm25s numba": _column(0.92, 0.962, _spread(40000.0), _spread(6000.0)),
-                "ragsuite BM25": _column(0.94, 0.962, _spread(14000.0), _spread(9000.0)),
-                "ragsuite BM25 ids": _column(0.94, 0.962, _spread(44000.0)),
+        rows=[
+            {
+                "dataset": "hotpotqa",
+                "passages": 7616,
+                "questions": 300,
+                "columns": {
+                    "plain bm25s": _column(0.775, 0.8866, [4000.0, 5000.0, 6000.0], [2000.0, 2000.0, 2000.0]),
+                    "plain bm25s numba": _column(0.775, 0.8866, [10000.0, 10000.0, 5000.0], [4000.0] * 3),
+                    "ragsuite BM25": _column(
+                        0.79, 0.892, [8000.0, 8000.0, 8000.0], [6000.0, 6000.0, 12000.0]
+                    ),
+                    "ragsuite BM25 ids": _column(0.79, 0.892, [20000.0, 20000.0, 20000.0]),
+                },
             },
-        },
-    ],
-}
+            {
+                "dataset": "nq",
+                "passages": 2588,
+                "questions": 497,
+                "columns": {
+                    "plain bm25s": _column(0.92, 0.962, _spread(7000.0), _spread(3000.0)),
+                    "plain bm25s numba": _column(0.92, 0.962, _spread(40000.0), _spread(6000.0)),
+                    "ragsuite BM25": _column(0.94, 0.962, _spread(14000.0), _spread(9000.0)),
+                    "ragsuite BM25 ids": _column(0.94, 0.962, _spread(44000.0)),
+                },
+            },
+        ],
+    )
 
 
-def test_the_report_is_rendered_from_the_records_alone(tmp_path: Path, bench, capsys) -> None:
+def test_the_report_is_rendered_from_the_records_alone(tmp_path: Path, bench, records, capsys) -> None:
     path = tmp_path / "bm25-vs-bm25s.json"
-    path.write_text(json.dumps(RECORDS))
+    path.write_text(json.dumps(records))
     assert bench.main(["--report", str(path)]) == 0  # reads the file, runs nothing
     report = bench.report(json.loads(path.read_text()))
     assert capsys.readouterr().out.strip() == report
@@ -105,7 +100,7 @@ def test_the_report_is_rendered_from_the_records_alone(tmp_path: Path, bench, ca
         "| 8,000 | 0.80x | 2,000 | 4,000 | 6,000 | 3.00x |"
     )
     sentence = lines[0]
-    assert f"`{RECORDS['command']}`" in sentence and "(2 min)" in sentence
+    assert f"`{records['command']}`" in sentence and "(2 min)" in sentence
     assert "2 cores (load average 1.2/1.0/0.5 at its start, nice 10" in sentence
     assert "ragsuite 0.1.0, bm25s 0.3.16)" in sentence  # a package that was not installed is left out
     assert "q/s the median of 3 interleaved timing runs" in sentence
@@ -123,24 +118,21 @@ def test_the_report_is_rendered_from_the_records_alone(tmp_path: Path, bench, ca
     assert "`batch_ids` answers 1.10 to 2.00x as many and `batch` 0.35 to 0.80x." in across
 
 
-def test_the_printed_table_is_the_report_s_table(bench) -> None:
+def test_the_printed_table_is_the_report_s_table(bench, records) -> None:
     """The table the script prints after a run and the report's are one function's output."""
-    assert f"\n\n{bench.markdown(RECORDS['rows'])}\n\n" in bench.report(RECORDS)
+    assert f"\n\n{bench.markdown(records['rows'])}\n\n" in bench.report(records)
 
 
-def test_docs_go_with_report_and_need_the_page_s_markers(tmp_path: Path, bench) -> None:
-    records, page = tmp_path / "r.json", tmp_path / "page.md"
-    records.write_text(json.dumps(RECORDS))
-    page.write_text("# no markers\n")
-    with pytest.raises(SystemExit, match="bm25-vs-bm25s:start"):
-        bench.main(["--report", str(records), "--docs", str(page)])
-    page.write_text("a\n<!-- bm25-vs-bm25s:start -->\nold\n<!-- bm25-vs-bm25s:end -->\nb\n")
-    assert bench.main(["--report", str(records), "--docs", str(page)]) == 0
-    assert page.read_text() == (
-        f"a\n<!-- bm25-vs-bm25s:start -->\n{bench.report(RECORDS)}\n<!-- bm25-vs-bm25s:end -->\nb\n"
+def test_docs_go_with_report_and_need_the_page_s_markers(
+    tmp_path: Path, bench, records, report_into_page
+) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(records))
+    assert report_into_page(bench.main, path, "bm25-vs-bm25s") == (
+        f"a\n<!-- bm25-vs-bm25s:start -->\n{bench.report(records)}\n<!-- bm25-vs-bm25s:end -->\nb\n"
     )
     with pytest.raises(SystemExit) as refused:  # a measuring run does not write the page
-        bench.main(["--datasets", "nq", "--docs", str(page)])
+        bench.main(["--datasets", "nq", "--docs", str(tmp_path / "page.md")])
     assert refused.value.code == 2
 
 

@@ -32,42 +32,35 @@ def _row(engine: str, connections: int, wall: float) -> dict:
     }
 
 
-RECORDS = {
-    "benchmark": "eval_engines",
-    "command": "python benchmarks/eval_engines.py --concurrency 8 --per-slot 1 --max-connections 2 default",
-    "date": "2026-01-01",
-    "wall_s": 42.0,
-    "settings": {
-        "latency": 1.0,
-        "calls": 2,
-        "fanout": 3,
-        "per_slot": 1,
-        "concurrency": [8],
-        "engines": ["threads", "async"],
-        "max_connections": [2, None],
-    },
-    "machine": {
-        "cpus": 2,
-        "cpus_usable": 2,
-        "load_average": [1.25, 1.0, 0.5],
-        "nice": 10,
-        "python": "3.11.7",
-        "platform": "Linux",
-        "packages": {"dspy": "3.4.1", "litellm": "1.106.2", "aiohttp": None},
-    },
-    "load_average_after": [1.5, 1.1, 0.6],
-    "rows": [
-        _row("threads", 2, 12.0),
-        _row("async", 2, 15.0),
-        _row("threads", 100, 4.0),
-        _row("async", 100, 6.0),
-    ],
-}
+@pytest.fixture(scope="module")
+def records(run_facts) -> dict:
+    """A synthetic records file: two settings, each engine at each."""
+    return run_facts(
+        {"dspy": "3.4.1", "litellm": "1.106.2", "aiohttp": None},
+        benchmark="eval_engines",
+        command="python benchmarks/eval_engines.py --concurrency 8 --per-slot 1 --max-connections 2 default",
+        wall_s=42.0,
+        settings={
+            "latency": 1.0,
+            "calls": 2,
+            "fanout": 3,
+            "per_slot": 1,
+            "concurrency": [8],
+            "engines": ["threads", "async"],
+            "max_connections": [2, None],
+        },
+        rows=[
+            _row("threads", 2, 12.0),
+            _row("async", 2, 15.0),
+            _row("threads", 100, 4.0),
+            _row("async", 100, 6.0),
+        ],
+    )
 
 
-def test_the_report_is_rendered_from_the_records_alone(tmp_path: Path, bench) -> None:
+def test_the_report_is_rendered_from_the_records_alone(tmp_path: Path, bench, records) -> None:
     path = tmp_path / "eval-engines.json"
-    path.write_text(json.dumps(RECORDS))
+    path.write_text(json.dumps(records))
     assert bench.main(["--report", str(path)]) == 0  # reads the file, runs nothing
     report = bench.report(json.loads(path.read_text()))
     lines = report.splitlines()
@@ -85,29 +78,24 @@ def test_the_report_is_rendered_from_the_records_alone(tmp_path: Path, bench) ->
     assert body[2].startswith("| threads | 8 | 100 | 8 | 40 | 3.00 | 4.00 | 0.75 |")
     assert body[3].split("|")[8].strip() == "0.50"
     sentence = lines[0]
-    assert f"`{RECORDS['command']}`" in sentence and "(42 s)" in sentence
+    assert f"`{records['command']}`" in sentence and "(42 s)" in sentence
     assert "2 cores (load average 1.2/1.0/0.5 at its start, nice 10" in sentence
     assert "dspy 3.4.1, litellm 1.106.2)" in sentence  # a package that was not installed is left out
     assert "answering 8 questions (`--per-slot 1`, fewer than the default 2" in sentence
     assert "× 3 calls on a question's path × 1 s" in sentence and "(ideal 3 s)" in sentence
 
 
-def test_the_printed_table_is_the_report_s_table(bench) -> None:
+def test_the_printed_table_is_the_report_s_table(bench, records) -> None:
     """The table the script prints after a run and the report's are one function's output."""
-    assert bench.report(RECORDS).endswith("\n".join(bench.table(RECORDS["rows"])))
+    assert bench.report(records).endswith("\n".join(bench.table(records["rows"])))
 
 
-def test_docs_without_markers_are_refused(tmp_path: Path, bench) -> None:
-    records, page = tmp_path / "r.json", tmp_path / "page.md"
-    records.write_text(json.dumps(RECORDS))
-    page.write_text("# no markers\n")
-    with pytest.raises(SystemExit, match="eval-engines:start"):
-        bench.main(["--report", str(records), "--docs", str(page)])
-    page.write_text("a\n<!-- eval-engines:start -->\nold\n<!-- eval-engines:end -->\nb\n")
-    assert bench.main(["--report", str(records), "--docs", str(page)]) == 0
+def test_docs_without_markers_are_refused(tmp_path: Path, bench, records, report_into_page) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(records))
     assert (
-        page.read_text()
-        == f"a\n<!-- eval-engines:start -->\n{bench.report(RECORDS)}\n<!-- eval-engines:end -->\nb\n"
+        report_into_page(bench.main, path, "eval-engines")
+        == f"a\n<!-- eval-engines:start -->\n{bench.report(records)}\n<!-- eval-engines:end -->\nb\n"
     )
 
 

@@ -33,14 +33,22 @@ def empty_store(tmp_path_factory) -> Path:
     return path
 
 
-def _tracking_store(tmp_path: Path, monkeypatch, template: Path) -> str:
-    """A SQLite store in tmp_path; run artifacts land in tmp_path/mlruns (MLflow's default beside the cwd)."""
-    shutil.copy(template, tmp_path / "mlflow.db")
+@pytest.fixture
+def tracking_uri(tmp_path: Path, monkeypatch, empty_store: Path) -> str:
+    """A SQLite store in tmp_path, a copy of the empty one; run artifacts land in tmp_path/mlruns (MLflow's
+    default beside the cwd, which is tmp_path). OPENAI_API_KEY is set, MLflow's own settings are not."""
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def gold() -> dict[str, str]:
+    """The fixture HotpotQA questions, each with its gold answer."""
+    return {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
 
 
 def _lm_flags(server: LocalOpenAIServer) -> list[str]:
@@ -78,22 +86,17 @@ def _traces(client, run) -> list:
     return [t for t in traces if t.info.request_metadata.get("mlflow.sourceRun") == run.info.run_id]
 
 
-def test_eval_logs_params_metrics_run_dir_and_a_trace_per_question(
-    tmp_path, monkeypatch, capsys, empty_store
-):
-    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
-    uri = _tracking_store(tmp_path, monkeypatch, empty_store)
-    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
+def test_eval_logs_params_metrics_run_dir_and_a_trace_per_question(tmp_path, capsys, tracking_uri, gold):
     out = tmp_path / "run"
     with LocalOpenAIServer(grounded_responder(gold)) as server:
         argv = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--limit", "3", "--set", "top_k=4"]
-        code = main([*argv, "--no-progress", "--out", str(out), "--mlflow", uri, *_lm_flags(server)])
+        code = main([*argv, "--no-progress", "--out", str(out), "--mlflow", tracking_uri, *_lm_flags(server)])
         assert code == 0
         assert set(server.authorizations) == {f"Basic {BASIC}"}  # the password was used...
         endpoint = server.api_base
     assert PASSWORD not in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
-    client, runs = _runs(uri)
+    client, runs = _runs(tracking_uri)
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FINISHED"
@@ -118,37 +121,18 @@ def test_eval_logs_params_metrics_run_dir_and_a_trace_per_question(
     _assert_no_secret_anywhere(tmp_path, runs)
 
 
-def _tiny_dataset(root: Path, n: int = 6) -> Path:
-    folder = root / "hotpotqa"
-    folder.mkdir(parents=True)
-    rows = [
-        {"id": f"t{i}", "question": f"Is tiny {i} answered no?", "answers": ["no"], "type": "comparison"}
-        for i in range(n)
-    ]
-    (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
-def _responder(request):
-    values = {name: ("no" if name == "answer" else f"Scripted {name}") for name in request.output_fields}
-    if "Respond with a JSON object" in request.user:
-        return json.dumps(values)
-    return values
-
-
 @pytest.mark.slow
-def test_compile_logs_scores_options_and_the_program_file_with_traces(tmp_path, monkeypatch, empty_store):
-    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
-    uri = _tracking_store(tmp_path, monkeypatch, empty_store)
-    data = _tiny_dataset(tmp_path / "data")
+def test_compile_logs_scores_options_and_the_program_file_with_traces(
+    tmp_path, tracking_uri, tiny_dataset, answers_no, compile_args
+):
+    data = tiny_dataset(tmp_path / "data")
     out = tmp_path / "compiled.json"
-    with LocalOpenAIServer(_responder) as server:
-        argv = ["compile", "--program", "no-retrieval", "--dataset", "hotpotqa", "--data-dir", str(data)]
-        argv += ["--retriever", "none", "--optimizer", "gepa", "--teacher-lm", "openai/scripted"]
-        argv += ["--train", "2", "--val", "3", "--threads", "1", "--no-progress", "--max-metric-calls", "20"]
-        assert main([*argv, "--out", str(out), "--mlflow", uri, *_lm_flags(server)]) == 0
+    with LocalOpenAIServer(answers_no) as server:
+        gepa = ["--teacher-lm", "openai/scripted", "--no-progress", "--max-metric-calls", "20"]
+        argv = compile_args(data, out, *gepa, "--mlflow", tracking_uri, *_lm_flags(server), optimizer="gepa")
+        assert main(argv) == 0
     saved = json.loads(out.read_text())["metadata"]
-    client, runs = _runs(uri)
+    client, runs = _runs(tracking_uri)
     top = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(top) == 1
     run = top[0]
@@ -173,19 +157,16 @@ def test_compile_logs_scores_options_and_the_program_file_with_traces(tmp_path, 
 
 
 @pytest.mark.slow
-def test_tune_logs_every_trial_and_the_written_one(tmp_path, monkeypatch, empty_store):
-    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
-    uri = _tracking_store(tmp_path, monkeypatch, empty_store)
-    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
+def test_tune_logs_every_trial_and_the_written_one(tmp_path, tracking_uri, gold):
     out = tmp_path / "tune"
     with LocalOpenAIServer(grounded_responder(gold)) as server:
         argv = ["tune", "--program", "vanilla", "--dataset", "hotpotqa", "--trials", "3", "--val", "3"]
         argv += ["--objectives", "quality,lm_calls", "--threads", "2", "--no-progress", "--out", str(out)]
-        assert main([*argv, "--mlflow", uri, *_lm_flags(server)]) == 0
+        assert main([*argv, "--mlflow", tracking_uri, *_lm_flags(server)]) == 0
     study_dir = out / "vanilla-hotpotqa-quality+lm_calls"
     trials = json.loads((study_dir / "trials.json").read_text())
     best = json.loads((study_dir / "best.json").read_text())
-    client, runs = _runs(uri)
+    client, runs = _runs(tracking_uri)
     assert len(runs) == 1
     run = runs[0]
     history = client.get_metric_history(run.info.run_id, "trial.quality")
@@ -216,10 +197,9 @@ def test_mlflow_without_the_extra_names_the_install_command(tmp_path, monkeypatc
     assert not list(tmp_path.iterdir())  # refused before anything ran or was written
 
 
-def test_a_file_store_uri_is_refused_with_the_sqlite_form(tmp_path, monkeypatch, capsys):
+def test_a_file_store_uri_is_refused_with_the_sqlite_form(tmp_path, monkeypatch, capsys, gold):
     pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
     with LocalOpenAIServer(grounded_responder(gold)) as server:
         argv = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--limit", "1", "--no-progress"]
         argv += ["--out", str(tmp_path / "run"), "--mlflow", f"file:{tmp_path / 'mlruns'}"]
@@ -254,20 +234,17 @@ def test_params_are_redacted_and_secret_named_settings_left_out(monkeypatch):
 
 
 def test_a_server_echoing_the_key_and_basic_auth_leaks_them_to_no_sink(
-    tmp_path, monkeypatch, capsys, empty_store
+    tmp_path, monkeypatch, capsys, tracking_uri, gold
 ):
     """A server that quotes the request's key and Authorization header in its error (some proxies do): the
     exception reached MLflow's trace (event message, stack trace, status) raw, while the run's records showed
     ``key=***``; the Basic token reached records.jsonl, the HTML report and stderr. The password holds an
     ``@``, which URL redaction cut at."""
-    pytest.importorskip("mlflow", reason="needs the mlflow extra: " + install_hint("mlflow"))
-    uri = _tracking_store(tmp_path, monkeypatch, empty_store)
     monkeypatch.delenv("OPENAI_API_KEY")
     vllm_key = "vllm-key-0123456789abcdef"
     monkeypatch.setenv("VLLM_API_KEY", vllm_key)
     password = "p@ss-w0rd-x"
     basic = base64.b64encode(f"alice:{password}".encode()).decode()
-    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
     answer = grounded_responder(gold)
     failing = next(iter(gold))
 
@@ -283,7 +260,8 @@ def test_a_server_echoing_the_key_and_basic_auth_leaks_them_to_no_sink(
     with LocalOpenAIServer(echoing) as server:
         base = server.api_base.replace("http://", f"http://alice:{password}@")
         argv = ["eval", "--program", "vanilla", "--dataset", "hotpotqa", "--limit", "3", "--no-progress"]
-        argv += ["--out", str(out), "--html", str(page), "--mlflow", uri, "--retries", "0", "--no-cache"]
+        argv += ["--out", str(out), "--html", str(page), "--mlflow", tracking_uri]
+        argv += ["--retries", "0", "--no-cache"]
         code = main([*argv, "--lm", "openai/scripted", "--api-base", base])
         assert set(server.authorizations) == {f"Basic {basic}"}
     printed = capsys.readouterr()
@@ -291,7 +269,7 @@ def test_a_server_echoing_the_key_and_basic_auth_leaks_them_to_no_sink(
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     errors = [r["error"]["message"] for r in records if r.get("error")]
     assert len(errors) == 1 and "key=***" in errors[0] and "Basic ***" in errors[0], errors
-    client, runs = _runs(uri)
+    client, runs = _runs(tracking_uri)
     events = [e for t in _traces(client, runs[0]) for s in t.data.spans for e in s.events]
     messages = [e.attributes["exception.message"] for e in events if e.name == "exception"]
     assert messages and all("key=***" in m for m in messages), messages  # the cause is kept, redacted

@@ -394,6 +394,21 @@ def server(monkeypatch):
         srv.thread.join(timeout=10)
 
 
+def _hotpot_dev(data_dir: Path, catalogue: Catalogue | None = None, **options) -> list:
+    """Downloads HotpotQA's dev questions alone (no corpus) into ``data_dir``, quietly, from ``catalogue`` (by
+    default the fixtures' catalogue)."""
+    catalogue = fixture_catalogue() if catalogue is None else catalogue
+    return dl.download(
+        ["hotpotqa"],
+        data_dir=data_dir,
+        subset="dev",
+        corpus="none",
+        quiet=True,
+        catalogue=catalogue,
+        **options,
+    )
+
+
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -543,7 +558,7 @@ def test_checksum_mismatch_is_refused_and_the_partial_file_deleted(server, tmp_p
     sized = dataclasses.replace(CATALOGUE.find("hotpotqa", "questions", "dev").inputs[0].file, size=12)
     catalogue = fixture_catalogue({("hotpotqa", "dev"): {"inputs": (Input(sized),)}})
     with pytest.raises(DataError, match=r"bytes, expected 12"):
-        dl.download(["hotpotqa"], data_dir=root, subset="dev", corpus="none", quiet=True, catalogue=catalogue)
+        _hotpot_dev(root, catalogue)
     assert not list((root / ".downloads").glob("hotpot_dev*"))
 
 
@@ -574,7 +589,7 @@ def test_a_malformed_source_writes_nothing_and_names_file_record_and_problem(ser
     # Fewer rows than the source must hold: refused, nothing written.
     short = fixture_catalogue({("hotpotqa", "dev"): {"expected_rows": 7405}})
     with pytest.raises(DataError, match=r"holds 2 questions, expected 7405.*Nothing was written"):
-        dl.download(["hotpotqa"], data_dir=root, subset="dev", corpus="none", quiet=True, catalogue=short)
+        _hotpot_dev(root, short)
     assert not (root / "hotpotqa").exists() or not (root / "hotpotqa" / "dev.jsonl").exists()
 
 
@@ -585,15 +600,7 @@ def test_a_file_the_downloader_did_not_write_is_never_replaced_without_force(ser
     with pytest.raises(DataError, match=r"dev.jsonl exists and was not installed by .*Pass --force"):
         dl.download(["hotpotqa"], data_dir=tmp_path, subset="dev", quiet=True, catalogue=fixture_catalogue())
     assert server.log == [] and mine.read_text(encoding="utf-8").startswith('{"id": "own"')
-    dl.download(
-        ["hotpotqa"],
-        data_dir=tmp_path,
-        subset="dev",
-        corpus="none",
-        force=True,
-        quiet=True,
-        catalogue=fixture_catalogue(),
-    )
+    _hotpot_dev(tmp_path, force=True)
     assert [ex.id for ex in load_dataset("hotpotqa", data_dir=tmp_path)] == ["h1", "h2"]
 
 
@@ -612,27 +619,13 @@ def test_unreachable_host_and_http_errors_name_the_url_and_the_fix(server, tmp_p
     with pytest.raises(
         DataError, match=r"curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json failed: HTTP 404"
     ):
-        dl.download(
-            ["hotpotqa"],
-            data_dir=tmp_path,
-            subset="dev",
-            corpus="none",
-            quiet=True,
-            catalogue=fixture_catalogue(),
-        )
+        _hotpot_dev(tmp_path)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     monkeypatch.setenv("RAGSUITE_MIRROR", f"http://user:secret@127.0.0.1:{port}")
     with pytest.raises(DataError, match=r"cannot reach .*RAGSUITE_MIRROR") as caught:
-        dl.download(
-            ["hotpotqa"],
-            data_dir=tmp_path,
-            subset="dev",
-            corpus="none",
-            quiet=True,
-            catalogue=fixture_catalogue(),
-        )
+        _hotpot_dev(tmp_path)
     assert "secret" not in str(caught.value)
 
 
@@ -777,17 +770,23 @@ def _same_size_versions(n: int) -> tuple[bytes, bytes]:
     return old, new
 
 
-def test_a_part_of_an_older_version_is_downloaded_again_not_spliced(server, tmp_path, monkeypatch):
-    # The first run stops halfway through the old version (one attempt: as if the process was killed).
+def _old_version_cut_halfway(server, monkeypatch) -> tuple[Catalogue, bytes, bytes, str]:
+    """One attempt per file (as if the process was killed), and HotpotQA's dev file served in an old version
+    whose connection drops halfway: the catalogue (40 rows), the old and new versions, the file's path."""
     monkeypatch.setattr(dl, "_ATTEMPTS", 1)
     catalogue = fixture_catalogue({("hotpotqa", "dev"): {"expected_rows": 40}})
     old, new = _same_size_versions(40)
     path = server.path_of("hotpot_dev_distractor_v1.json")
     server.routes[path] = old
     server.drop_after[path] = len(old) // 2
-    args = {"subset": "dev", "corpus": "none", "quiet": True, "catalogue": catalogue}
+    return catalogue, old, new, path
+
+
+def test_a_part_of_an_older_version_is_downloaded_again_not_spliced(server, tmp_path, monkeypatch):
+    # The first run stops halfway through the old version (one attempt: as if the process was killed).
+    catalogue, old, new, path = _old_version_cut_halfway(server, monkeypatch)
     with pytest.raises(DataError, match=r"interrupted 1 times.*partial file .* is kept"):
-        dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+        _hotpot_dev(tmp_path, catalogue)
     part = tmp_path / ".downloads" / "hotpot_dev_distractor_v1.json.part"
     assert part.stat().st_size == len(old) // 2
 
@@ -796,7 +795,7 @@ def test_a_part_of_an_older_version_is_downloaded_again_not_spliced(server, tmp_
     server.routes[path] = new
     server.log.clear()
     server.if_range.clear()
-    dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+    _hotpot_dev(tmp_path, catalogue)
     assert server.gets("hotpot_dev_distractor_v1.json") == [f"bytes={len(old) // 2}-"]
     assert server.if_range == [server.etag(old)]
     assert (tmp_path / ".downloads" / "hotpot_dev_distractor_v1.json").read_bytes() == new
@@ -804,22 +803,15 @@ def test_a_part_of_an_older_version_is_downloaded_again_not_spliced(server, tmp_
 
 
 def test_a_server_that_ignores_if_range_or_names_no_version_is_not_spliced(server, tmp_path, monkeypatch):
-    monkeypatch.setattr(dl, "_ATTEMPTS", 1)
-    catalogue = fixture_catalogue({("hotpotqa", "dev"): {"expected_rows": 40}})
-    args = {"subset": "dev", "corpus": "none", "quiet": True, "catalogue": catalogue}
-    old, new = _same_size_versions(40)
-    path = server.path_of("hotpot_dev_distractor_v1.json")
-
     # It answers 206 with the new version's ETag: the part is dropped and the next attempt starts over.
-    server.routes[path] = old
-    server.drop_after[path] = len(old) // 2
+    catalogue, old, new, path = _old_version_cut_halfway(server, monkeypatch)
     with pytest.raises(DataError, match="interrupted"):
-        dl.download(["hotpotqa"], data_dir=tmp_path / "a", **args)
+        _hotpot_dev(tmp_path / "a", catalogue)
     server.routes[path] = new
     server.ignore_if_range = True
     monkeypatch.setattr(dl, "_ATTEMPTS", 2)
     server.log.clear()
-    dl.download(["hotpotqa"], data_dir=tmp_path / "a", **args)
+    _hotpot_dev(tmp_path / "a", catalogue)
     assert server.gets("hotpot_dev_distractor_v1.json") == [f"bytes={len(old) // 2}-", None]
     assert {ex.answers[0] for ex in load_dataset("hotpotqa", data_dir=tmp_path / "a")} == {"new"}
 
@@ -829,22 +821,21 @@ def test_a_server_that_ignores_if_range_or_names_no_version_is_not_spliced(serve
     server.routes[path] = old
     server.drop_after[path] = len(old) // 2
     with pytest.raises(DataError, match="interrupted"):
-        dl.download(["hotpotqa"], data_dir=tmp_path / "b", **args)
+        _hotpot_dev(tmp_path / "b", catalogue)
     assert not (tmp_path / "b" / ".downloads" / "hotpot_dev_distractor_v1.json.part.validator").exists()
     server.routes[path] = new
     server.log.clear()
-    dl.download(["hotpotqa"], data_dir=tmp_path / "b", **args)
+    _hotpot_dev(tmp_path / "b", catalogue)
     assert server.gets("hotpot_dev_distractor_v1.json") == [None]
     assert {ex.answers[0] for ex in load_dataset("hotpotqa", data_dir=tmp_path / "b")} == {"new"}
 
 
 def test_a_file_without_checksum_that_does_not_convert_is_deleted_not_reused(server, tmp_path):
     catalogue = fixture_catalogue()
-    args = {"subset": "dev", "corpus": "none", "quiet": True, "catalogue": catalogue}
     good = server.routes[server.path_of("hotpot_dev_distractor_v1.json")]
     server.replace("hotpot_dev_distractor_v1.json", b"<html><body>Too many requests</body></html>\n")
     with pytest.raises(DataError) as caught:
-        dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+        _hotpot_dev(tmp_path, catalogue)
     message = str(caught.value)
     assert "hotpot_dev_distractor_v1.json:1: not valid JSON" in message
     assert "hotpot_dev_distractor_v1.json had no published checksum and could not be converted" in message
@@ -854,7 +845,7 @@ def test_a_file_without_checksum_that_does_not_convert_is_deleted_not_reused(ser
     # The host serves the real file again: the next run downloads it (a reused bad file would fail again).
     server.replace("hotpot_dev_distractor_v1.json", good)
     server.log.clear()
-    dl.download(["hotpotqa"], data_dir=tmp_path, **args)
+    _hotpot_dev(tmp_path, catalogue)
     assert server.gets("hotpot_dev_distractor_v1.json") == [None]
     assert [ex.id for ex in load_dataset("hotpotqa", data_dir=tmp_path)] == ["h1", "h2"]
     assert sorted(p.name for p in (tmp_path / ".downloads").iterdir()) == ["hotpot_dev_distractor_v1.json"]
@@ -865,7 +856,7 @@ def test_a_file_without_checksum_that_does_not_convert_is_deleted_not_reused(ser
     (again / ".downloads" / "unverified").mkdir()
     (again / ".downloads" / "unverified" / "hotpot_dev_distractor_v1.json").write_bytes(good)
     server.log.clear()
-    dl.download(["hotpotqa"], data_dir=again, **args)
+    _hotpot_dev(again, catalogue)
     assert server.log == []
     assert sorted(p.name for p in (again / ".downloads").iterdir()) == ["hotpot_dev_distractor_v1.json"]
 

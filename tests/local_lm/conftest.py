@@ -1,4 +1,5 @@
-"""Test doubles for the local LM, as fixtures: tiny GGUF files and a stand-in ``llama-server`` executable.
+"""Test doubles for the local LM, as fixtures: a test's own cache directory, tiny GGUF files, packaged models
+installed from them and a stand-in ``llama-server`` executable.
 
 The stand-in takes llama-server's flags, serves ``/v1/models`` under ``--alias`` and answers chat
 completions with a fixed reply and exact usage, so the server lifecycle and the ``--lm local`` path can be
@@ -9,13 +10,18 @@ fails to load does; ``FAKE_REPLY`` replaces the reply; ``FAKE_REQUESTS`` names a
 
 from __future__ import annotations
 
+import hashlib
 import stat
 import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from ragsuite.local_lm.models import PackagedModel
 
 
 def _string(text: str) -> bytes:
@@ -180,6 +186,39 @@ def _slice_packages(root: Path, data: bytes, names: list[str]) -> None:
         folder.mkdir(parents=True)
         (root / name / "__init__.py").write_text("")
         (folder / f"part{number:02d}.bin").write_bytes(data[(number - 1) * size : number * size])
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """ragsuite's cache directory for the test (``$RAGSUITE_CACHE``): ``tmp_path/cache``."""
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def install_packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., PackagedModel]:
+    """``install_packaged(name, parts, sha256=None)``: a tiny packaged model ``name``, the only one known, its
+    GGUF sliced over the packages ``parts`` installed under ``tmp_path/site``; ``sha256`` replaces the true
+    hash of the whole."""
+    from ragsuite.local_lm import models as local_models
+    from ragsuite.local_lm.models import PackagedModel
+
+    def install(name: str, parts: list[str], *, sha256: str | None = None) -> PackagedModel:
+        data = _tiny_model(tmp_path / "whole.gguf").read_bytes()
+        _slice_packages(tmp_path / "site", data, parts)
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+        model = PackagedModel(
+            name=name,
+            description="test",
+            parts=tuple(parts),
+            requirements=tuple(f"{part.replace('_', '-')}==1.0" for part in parts),
+            size=len(data),
+            sha256=sha256 or hashlib.sha256(data).hexdigest(),
+        )
+        monkeypatch.setattr(local_models, "PACKAGED_MODELS", (model,))
+        return model
+
+    return install
 
 
 @pytest.fixture(scope="session")

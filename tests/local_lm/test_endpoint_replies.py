@@ -66,12 +66,6 @@ def models_server() -> Iterator[_ModelsServer]:
         server.thread.join(timeout=10)
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def _shape(body: object, served: str) -> object:
     return json.loads(json.dumps(body).replace("PLACEHOLDER", served))
 

@@ -3,25 +3,20 @@ lifecycle against a stand-in llama-server, and the ``--lm local`` path through `
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ragsuite.errors import ConfigError, MissingExtraError
-from ragsuite.local_lm import models as local_models
 from ragsuite.local_lm.models import ModelFileError, PackagedModel, read_gguf_metadata, resolve_model
 from ragsuite.local_lm.server import LocalServer, LocalServerError, plan_settings, resolve_engine
-
-
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 def test_gguf_metadata_reads_scalars_and_strings_and_skips_arrays(tmp_path: Path, tiny_model) -> None:
@@ -58,27 +53,11 @@ def test_a_file_that_is_not_a_whole_gguf_header_is_refused_clearly(
 
 
 @pytest.fixture
-def packaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model, slice_packages):
+def packaged(install_packaged) -> Callable[..., PackagedModel]:
     """``packaged(sha256=None)``: a tiny packaged model (the only one known), its slices installed under
     ``tmp_path/site``; ``sha256`` replaces the true hash of the whole."""
-
-    def make(*, sha256: str | None = None) -> PackagedModel:
-        data = tiny_model(tmp_path / "whole.gguf").read_bytes()
-        names = ["fake_model_part1", "fake_model_part2", "fake_model_part3"]
-        slice_packages(tmp_path / "site", data, names)
-        monkeypatch.syspath_prepend(str(tmp_path / "site"))
-        model = PackagedModel(
-            name="tiny-test-model",
-            description="test",
-            parts=tuple(names),
-            requirements=tuple(f"{name.replace('_', '-')}==1.0" for name in names),
-            size=len(data),
-            sha256=sha256 or hashlib.sha256(data).hexdigest(),
-        )
-        monkeypatch.setattr(local_models, "PACKAGED_MODELS", (model,))
-        return model
-
-    return make
+    names = ["fake_model_part1", "fake_model_part2", "fake_model_part3"]
+    return functools.partial(install_packaged, "tiny-test-model", names)
 
 
 def test_a_packaged_model_is_joined_verified_and_then_reused(

@@ -28,12 +28,6 @@ from ragsuite.processes import stop_process
 EVIL = "https://evil.example"
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def request(
     url: str, *, method: str = "GET", body: Any = None, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, str], bytes]:

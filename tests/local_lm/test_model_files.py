@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from ragsuite.local_lm import models as local_models
 from ragsuite.local_lm.models import ModelFileError, PackagedModel, read_gguf_metadata, resolve_model
 from ragsuite.processes import stop_process
 
@@ -21,29 +20,9 @@ NAMES = ["trust_model_part1", "trust_model_part2"]
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def packaged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path, slice_packages, tiny_model
-) -> PackagedModel:
+def packaged(cache: Path, install_packaged) -> PackagedModel:
     """A packaged model whose slices are installed under ``tmp_path/site``."""
-    data = tiny_model(tmp_path / "whole.gguf").read_bytes()
-    slice_packages(tmp_path / "site", data, NAMES)
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    model = PackagedModel(
-        name="trust-test-model",
-        description="test",
-        parts=tuple(NAMES),
-        requirements=tuple(f"{name.replace('_', '-')}==1.0" for name in NAMES),
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-    )
-    monkeypatch.setattr(local_models, "PACKAGED_MODELS", (model,))
-    return model
+    return install_packaged("trust-test-model", NAMES)
 
 
 def _flip_a_byte_keeping_the_times(path: Path) -> None:

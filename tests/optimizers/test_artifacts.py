@@ -84,10 +84,15 @@ def test_file_is_json_with_versions_and_no_secrets(tmp_path, compiled):
     assert all(p.lm is None for _, p in loaded.named_predictors())
 
 
+def saved_document(path, program) -> dict:
+    """``program`` saved at ``path``, and the file's JSON document."""
+    save_program(program, path)
+    return json.loads(path.read_text())
+
+
 def test_overrides_and_version_warning(tmp_path, compiled, caplog):
     path = tmp_path / "prog.json"
-    save_program(compiled, path)
-    document = json.loads(path.read_text())
+    document = saved_document(path, compiled)
     document["versions"]["dspy"] = "0.0.1"
     path.write_text(json.dumps(document))
     with caplog.at_level(logging.WARNING, logger="ragsuite.programs.program_file"):
@@ -131,8 +136,7 @@ def test_missing_file_and_unknown_class(tmp_path, compiled):
     with pytest.raises(ConfigError, match="does not exist"):
         load_program(tmp_path / "nope.json")
     path = tmp_path / "prog.json"
-    save_program(compiled, path)
-    document = json.loads(path.read_text())
+    document = saved_document(path, compiled)
     document["program"], document["class"] = "no-such-program", "os.path.join"
     path.write_text(json.dumps(document))
     with pytest.raises(
@@ -143,17 +147,11 @@ def test_missing_file_and_unknown_class(tmp_path, compiled):
 
 def test_predictor_mismatch_is_a_clear_error(tmp_path, compiled):
     path = tmp_path / "prog.json"
-    save_program(compiled, path)
-    document = json.loads(path.read_text())
+    document = saved_document(path, compiled)
     document["predictors"]["filter"] = document["predictors"]["hop"]
     path.write_text(json.dumps(document))
     with pytest.raises(ConfigError, match=r"predictor\(s\) \['filter'\]"):
         load_program(path, retriever=toys.ToyRetriever())
-
-
-def saved_document(path, program) -> dict:
-    save_program(program, path)
-    return json.loads(path.read_text())
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import dspy
 import pytest
@@ -257,7 +258,7 @@ def test_split_dev_is_seeded_and_disjoint():
 
 
 @pytest.mark.slow
-def test_cli_compile_writes_a_program_file_eval_accepts(tmp_path):
+def test_cli_compile_writes_a_program_file_eval_accepts(tmp_path, eval_args):
     from ragsuite.cli import main
     from ragsuite.data.datasets import load_dataset
     from ragsuite.testing.openai_server import LocalOpenAIServer
@@ -291,21 +292,7 @@ def test_cli_compile_writes_a_program_file_eval_accepts(tmp_path):
         assert server.api_base not in out.read_text()
         demos = [d for state in saved["predictors"].values() for d in state["demos"]]
         assert demos and all(d["answer"] != "unknown" for d in demos)  # only passing runs became demos
-        code = main(
-            [
-                "eval",
-                "--program-file",
-                str(out),
-                "--dataset",
-                "hotpotqa",
-                "--limit",
-                "2",
-                "--no-progress",
-                "--out",
-                str(tmp_path / "run"),
-                *lm,
-            ]
-        )
+        code = main(eval_args(server, tmp_path / "run", "--limit", "2", program_file=out))
         assert code == 0
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["n"] == 2
@@ -339,62 +326,18 @@ def test_default_metric_is_the_datasets_primary_metric(lm):
     assert dict(gepa.named_predictors())["answer.predict"].signature.instructions.startswith("Scripted")
 
 
-def _tiny_dataset(root, n: int = 6):
-    """A data directory holding a hotpotqa dev split of ``n`` questions (no corpus: no retrieval)."""
-    folder = root / "hotpotqa"
-    folder.mkdir(parents=True)
-    rows = [
-        {
-            "id": f"t{i}",
-            "question": f"Is tiny question {i} answered no?",
-            "answers": ["no"],
-            "type": "comparison",
-        }
-        for i in range(n)
-    ]
-    (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
-def test_cli_compile_fails_clearly_when_no_question_can_be_scored(tmp_path, capsys):
+def test_cli_compile_fails_clearly_when_no_question_can_be_scored(
+    tmp_path, capsys, tiny_dataset, compile_args
+):
     from ragsuite.cli import main
     from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 
-    data = _tiny_dataset(tmp_path / "data")
+    data = tiny_dataset(tmp_path / "data")
     out = tmp_path / "compiled.json"
     # Every LM call fails with HTTP 500 (no retries), so every question fails.
     always_down = lambda number, request: Fault("server_error")  # noqa: E731
     with LocalOpenAIServer(grounded_responder({}), fault_fn=always_down) as server:
-        code = main(
-            [
-                "compile",
-                "--program",
-                "no-retrieval",
-                "--dataset",
-                "hotpotqa",
-                "--data-dir",
-                str(data),
-                "--retriever",
-                "none",
-                "--optimizer",
-                "bootstrap",
-                "--train",
-                "2",
-                "--val",
-                "3",
-                "--threads",
-                "1",
-                "--out",
-                str(out),
-                "--lm",
-                "openai/scripted",
-                "--api-base",
-                server.api_base,
-                "--no-cache",
-                "--retries",
-                "0",
-            ]
-        )
+        code = main(compile_args(data, out, server=server))
     captured = capsys.readouterr()
     assert code != 0
     assert "none of the 3 val examples could be scored for the program before compiling" in captured.err
@@ -403,50 +346,19 @@ def test_cli_compile_fails_clearly_when_no_question_can_be_scored(tmp_path, caps
     assert not out.exists()  # nothing was compiled, so nothing is claimed
 
 
-def test_cli_compile_scores_failed_questions_as_zero(tmp_path, capsys):
+def test_cli_compile_scores_failed_questions_as_zero(tmp_path, capsys, tiny_dataset, compile_args):
     from ragsuite.cli import main
     from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 
-    data = _tiny_dataset(tmp_path / "data")
+    data = tiny_dataset(tmp_path / "data")
     out = tmp_path / "compiled.json"
 
     def odd_questions_fail(number, request):
-        words = str(request.inputs.get("question", "")).split()
-        return Fault("server_error") if len(words) > 3 and int(words[3]) % 2 else None
+        asked = re.fullmatch(r"Is tiny (\d+) answered no\?", str(request.inputs.get("question", "")))
+        return Fault("server_error") if asked and int(asked.group(1)) % 2 else None
 
     with LocalOpenAIServer(lambda request: {"answer": "no"}, fault_fn=odd_questions_fail) as server:
-        code = main(
-            [
-                "compile",
-                "--program",
-                "no-retrieval",
-                "--dataset",
-                "hotpotqa",
-                "--data-dir",
-                str(data),
-                "--retriever",
-                "none",
-                "--optimizer",
-                "bootstrap",
-                "--train",
-                "2",
-                "--val",
-                "4",
-                "--split-seed",
-                "0",
-                "--threads",
-                "1",
-                "--out",
-                str(out),
-                "--lm",
-                "openai/scripted",
-                "--api-base",
-                server.api_base,
-                "--no-cache",
-                "--retries",
-                "0",
-            ]
-        )
+        code = main(compile_args(data, out, "--split-seed", "0", val=4, server=server))
     printed = capsys.readouterr().out
     assert code == 0
     saved = json.loads(out.read_text())["metadata"]["metrics"]["baseline"]
@@ -457,11 +369,11 @@ def test_cli_compile_scores_failed_questions_as_zero(tmp_path, capsys):
     assert f"baseline  f1 on 4 val examples: {100 * answered / 4:.1f}, {failed} failed (scored 0)" in printed
 
 
-def test_cli_compile_keeps_a_compiled_program_it_cannot_score(tmp_path, capsys):
+def test_cli_compile_keeps_a_compiled_program_it_cannot_score(tmp_path, capsys, tiny_dataset, compile_args):
     from ragsuite.cli import main
     from ragsuite.testing.openai_server import Fault, LocalOpenAIServer
 
-    data = _tiny_dataset(tmp_path / "data")
+    data = tiny_dataset(tmp_path / "data")
     out = tmp_path / "compiled.json"
 
     def down_once_compiled(number, request):
@@ -469,36 +381,7 @@ def test_cli_compile_keeps_a_compiled_program_it_cannot_score(tmp_path, capsys):
         return Fault("server_error") if len(request.messages) > 2 else None
 
     with LocalOpenAIServer(lambda request: {"answer": "no"}, fault_fn=down_once_compiled) as server:
-        code = main(
-            [
-                "compile",
-                "--program",
-                "no-retrieval",
-                "--dataset",
-                "hotpotqa",
-                "--data-dir",
-                str(data),
-                "--retriever",
-                "none",
-                "--optimizer",
-                "bootstrap",
-                "--train",
-                "2",
-                "--val",
-                "3",
-                "--threads",
-                "1",
-                "--out",
-                str(out),
-                "--lm",
-                "openai/scripted",
-                "--api-base",
-                server.api_base,
-                "--no-cache",
-                "--retries",
-                "0",
-            ]
-        )
+        code = main(compile_args(data, out, server=server))
     captured = capsys.readouterr()
     assert code != 0
     assert "none of the 3 val examples could be scored for the compiled program" in captured.err

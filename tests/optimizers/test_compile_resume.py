@@ -51,30 +51,16 @@ def _gold() -> dict[str, str]:
     return {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
 
 
+def _args(command: str, out: Path, api_base: str, *options: str) -> list[str]:
+    """``ragsuite <command>`` of vanilla on HotpotQA against ``api_base``, writing to ``out``: one request at
+    a time, so that when a request arrives, every earlier reply is recorded."""
+    run = ["--threads", "1", "--no-progress", "--out", str(out)]
+    run += ["--lm", "openai/scripted", "--api-base", api_base]
+    return [command, "--program", "vanilla", "--dataset", "hotpotqa", *options, *run]
+
+
 def _compile_args(out: Path, api_base: str, *extra: str) -> list[str]:
-    return [
-        "compile",
-        "--program",
-        "vanilla",
-        "--dataset",
-        "hotpotqa",
-        "--optimizer",
-        "bootstrap",
-        "--train",
-        "4",
-        "--val",
-        "2",
-        "--threads",
-        "1",  # one request at a time: when a request arrives, every earlier reply is recorded
-        "--no-progress",
-        "--out",
-        str(out),
-        "--lm",
-        "openai/scripted",
-        "--api-base",
-        api_base,
-        *extra,
-    ]
+    return _args("compile", out, api_base, "--optimizer", "bootstrap", "--train", "4", "--val", "2", *extra)
 
 
 def _program(path: Path) -> dict[str, Any]:
@@ -173,26 +159,7 @@ def test_a_folder_of_replies_without_a_description_is_refused(tmp_path):
 
 
 def _tune_args(out: Path, api_base: str) -> list[str]:
-    return [
-        "tune",
-        "--program",
-        "vanilla",
-        "--dataset",
-        "hotpotqa",
-        "--trials",
-        "1",
-        "--val",
-        "4",
-        "--threads",
-        "1",
-        "--no-progress",
-        "--out",
-        str(out),
-        "--lm",
-        "openai/scripted",
-        "--api-base",
-        api_base,
-    ]
+    return _args("tune", out, api_base, "--trials", "1", "--val", "4")
 
 
 @pytest.mark.slow

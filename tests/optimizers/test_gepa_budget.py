@@ -232,64 +232,22 @@ def test_a_log_dir_with_an_unrecorded_gepa_run_is_refused(tmp_path):
         )
 
 
-def _tiny_dataset(root: Path, n: int = 6) -> Path:
-    folder = root / "hotpotqa"
-    folder.mkdir(parents=True)
-    rows = [
-        {"id": f"t{i}", "question": f"Is tiny {i} answered no?", "answers": ["no"], "type": "comparison"}
-        for i in range(n)
-    ]
-    (folder / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
-def _responder(request):
-    values = {name: ("no" if name == "answer" else f"Scripted {name}") for name in request.output_fields}
-    if "Respond with a JSON object" in request.user:
-        return json.dumps(values)
-    return values
-
-
-def _compile_argv(data: Path, out: Path, server, *extra: str) -> list[str]:
-    lm = ["--lm", "openai/scripted", "--api-base", server.api_base, "--no-cache", "--retries", "0"]
-    return [
-        "compile",
-        "--program",
-        "no-retrieval",
-        "--dataset",
-        "hotpotqa",
-        "--data-dir",
-        str(data),
-        "--retriever",
-        "none",
-        "--optimizer",
-        "gepa",
-        "--teacher-lm",
-        "openai/scripted",
-        "--train",
-        "2",
-        "--val",
-        "3",
-        "--threads",
-        "1",
-        "--no-eval",
-        "--no-progress",
-        "--out",
-        str(out),
-        *lm,
-        *extra,
-    ]
-
-
 @pytest.mark.slow
-def test_cli_gepa_budget_and_log_dir_beside_the_program_file(tmp_path, capsys):
+def test_cli_gepa_budget_and_log_dir_beside_the_program_file(
+    tmp_path, capsys, tiny_dataset, answers_no, compile_args
+):
     from ragsuite.cli import main
     from ragsuite.testing.openai_server import LocalOpenAIServer
 
-    data = _tiny_dataset(tmp_path / "data")
+    data = tiny_dataset(tmp_path / "data")
     out = tmp_path / "out" / "compiled.json"
-    with LocalOpenAIServer(_responder) as server:
-        assert main(_compile_argv(data, out, server)) == 0
+    with LocalOpenAIServer(answers_no) as server:
+
+        def gepa_args(out: Path, *extra: str) -> list[str]:
+            gepa = ["--teacher-lm", "openai/scripted", "--no-eval", "--no-progress", *extra]
+            return compile_args(data, out, *gepa, optimizer="gepa", server=server)
+
+        assert main(gepa_args(out)) == 0
         printed = capsys.readouterr().out
         saved = json.loads(out.read_text())["metadata"]
         assert saved["options"]["max_metric_calls"] == GEPA_CALLS_PER_EXAMPLE * (2 + 3)
@@ -299,11 +257,11 @@ def test_cli_gepa_budget_and_log_dir_beside_the_program_file(tmp_path, capsys):
         assert "log_dir" not in saved["options"]  # a local path is no part of the program file
 
         other = tmp_path / "out" / "small.json"
-        assert main(_compile_argv(data, other, server, "--max-metric-calls", "12")) == 0
+        assert main(gepa_args(other, "--max-metric-calls", "12")) == 0
         assert json.loads(other.read_text())["metadata"]["options"]["max_metric_calls"] == 12
 
-        code = main(_compile_argv(data, other, server, "--max-metric-calls", "12", "--option", "auto=light"))
+        code = main(gepa_args(other, "--max-metric-calls", "12", "--option", "auto=light"))
         assert code == 2 and "either --max-metric-calls or --option auto" in capsys.readouterr().err
-        argv = _compile_argv(data, other, server, "--max-metric-calls", "12")
+        argv = gepa_args(other, "--max-metric-calls", "12")
         argv[argv.index("gepa")] = "bootstrap"
         assert main(argv) == 2 and "needs --optimizer gepa" in capsys.readouterr().err

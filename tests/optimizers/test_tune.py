@@ -34,18 +34,8 @@ def registered_toy():
 
 
 def _tune(tmp_path, **kwargs):
-    options = dict(
-        dataset="hotpotqa",
-        valset=toys.examples(4),
-        retriever=toys.ToyRetriever(),
-        lm=toys.scripted_lm(),
-        trials=16,
-        out_dir=tmp_path,
-        threads=2,
-        seed=0,
-    )
-    options.update(kwargs)
-    return tune(toys.ToyProgram, **options)
+    options = toys.tune_options(tmp_path, **{"trials": 16, "threads": 2, **kwargs})
+    return tune(options.pop("program"), **options)
 
 
 def test_single_objective_finds_the_optimum_defaults_first_and_resumes(tmp_path):
@@ -198,7 +188,7 @@ def test_a_trial_where_every_example_fails_stops_the_study(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_tune_then_eval_the_written_program(tmp_path, capsys):
+def test_cli_tune_then_eval_the_written_program(tmp_path, capsys, eval_args):
     from ragsuite.cli import main
     from ragsuite.data.datasets import load_dataset
     from ragsuite.testing.openai_server import LocalOpenAIServer
@@ -228,21 +218,7 @@ def test_cli_tune_then_eval_the_written_program(tmp_path, capsys):
             main([*args, "--objectives", "quality,lm_calls", "--threads", "2", "--out", str(out), *lm]) == 0
         )
         assert len(json.loads((study_dir / "trials.json").read_text())) == 4
-        code = main(
-            [
-                "eval",
-                "--program-file",
-                str(study_dir / "best.json"),
-                "--dataset",
-                "hotpotqa",
-                "--limit",
-                "2",
-                "--no-progress",
-                "--out",
-                str(tmp_path / "run"),
-                *lm,
-            ]
-        )
+        code = main(eval_args(server, tmp_path / "run", "--limit", "2", program_file=study_dir / "best.json"))
         assert code == 0
         manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
         assert manifest["knobs"] == saved["knobs"]

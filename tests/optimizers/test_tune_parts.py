@@ -39,18 +39,7 @@ def registered_toy():
 
 
 def config(tmp_path: Any = None, **changes: Any) -> TuneConfig:
-    options: dict[str, Any] = dict(
-        program=toys.ToyProgram,
-        dataset="hotpotqa",
-        valset=toys.examples(4),
-        retriever=toys.ToyRetriever(),
-        lm=toys.scripted_lm(),
-        trials=3,
-        out_dir=tmp_path,
-        threads=1,
-    )
-    options.update(changes)
-    return TuneConfig(**options)
+    return TuneConfig(**toys.tune_options(tmp_path, **{"trials": 3, **changes}))
 
 
 def fake_result(quality: float, *, n: int = 4, lm_calls: float = 2.0) -> types.SimpleNamespace:

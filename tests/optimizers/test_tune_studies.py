@@ -29,18 +29,8 @@ from ragsuite.testing.responders import grounded_responder
 
 
 def _tune(tmp_path: Path, **kwargs: Any):
-    options: dict[str, Any] = dict(
-        dataset="hotpotqa",
-        valset=toys.examples(4),
-        retriever=toys.ToyRetriever(),
-        lm=toys.scripted_lm(),
-        trials=2,
-        out_dir=tmp_path,
-        threads=1,
-        seed=0,
-    )
-    options.update(kwargs)
-    return tune(options.pop("program", toys.ToyProgram), **options)
+    options = toys.tune_options(tmp_path, **kwargs)
+    return tune(options.pop("program"), **options)
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -185,16 +175,22 @@ def _demo_score(program: Any, examples: Any, **_: Any) -> Any:
     )
 
 
-def test_tune_with_compile_reports_the_score_of_the_saved_program(tmp_path):
+def _tune_compiled(tmp_path: Path, evaluate_fn: Any):
+    """A study whose program is compiled with bootstrap (2 demos, from 4 toy questions), every program it
+    scores scored by ``evaluate_fn`` on 4 other questions."""
     examples = toys.examples(8)
-    result = _tune(
+    return _tune(
         tmp_path,
         valset=examples[4:],
         trainset=examples[:4],
         compile="bootstrap",
         compile_options={"max_labeled_demos": 2},
-        evaluate_fn=_demo_score,
+        evaluate_fn=evaluate_fn,
     )
+
+
+def test_tune_with_compile_reports_the_score_of_the_saved_program(tmp_path):
+    result = _tune_compiled(tmp_path, _demo_score)
     assert result.trial.values == [0.3]
     saved = json.loads(result.files["program"].read_text())
     assert saved["metadata"]["tuning"]["values"] == [0.8]
@@ -212,18 +208,10 @@ def test_a_compiled_program_that_cannot_be_scored_is_saved_and_reported(tmp_path
             return types.SimpleNamespace(metrics={}, cost={}, n=0, records=failed)
         return result
 
-    examples = toys.examples(8)
     with pytest.raises(
         ConfigError, match=r"every example failed in trial 0 \(compiled\).*server down.*saved"
     ):
-        _tune(
-            tmp_path,
-            valset=examples[4:],
-            trainset=examples[:4],
-            compile="bootstrap",
-            compile_options={"max_labeled_demos": 2},
-            evaluate_fn=down_once_compiled,
-        )
+        _tune_compiled(tmp_path, down_once_compiled)
     saved = json.loads((tmp_path / "toy-opt-hotpotqa-quality" / "best.json").read_text())
     assert any(state["demos"] for state in saved["predictors"].values())
     assert saved["metadata"]["tuning"]["values"] is None and saved["metadata"]["metrics"] is None

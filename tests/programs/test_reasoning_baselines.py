@@ -3,6 +3,8 @@ ablations, with exact LM-call and retrieval counts for planted reply sequences."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ragsuite import programs
@@ -12,7 +14,7 @@ from ragsuite.programs.notes_and_thoughts import RAT, ChainOfNote
 from ragsuite.programs.stages import join_query
 from ragsuite.retrieval.base import Passage
 from ragsuite.testing.retrievers import ListRetriever
-from ragsuite.testing.scripted import ScriptedLM
+from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
 
 # ----------------------------------------------------------------------------- IRCoT
@@ -458,6 +460,20 @@ def test_flare_instruct_retrieves_when_the_look_ahead_asks_and_regenerates_the_s
 
 
 # ----------------------------------------------------------------------------- Self-RAG, prompted
+def _critiquing_lm(critiques: dict[str, Any]) -> ScriptedLM:
+    """Prompted Self-RAG's LM: it always retrieves, critiques the candidate of the passage holding a key of
+    ``critiques`` with its value, and answers "Spielberg" from a note naming him ("?" otherwise)."""
+
+    def respond(request: ScriptedRequest) -> dict[str, Any] | str:
+        if "needs_retrieval" in request.output_fields:
+            return {"needs_retrieval": True}
+        if "supported" in request.output_fields:
+            return next(v for k, v in critiques.items() if k in request.inputs["passage"])
+        return {"answer": "Spielberg" if "Spielberg" in request.inputs.get("note", "") else "?"}
+
+    return ScriptedLM(respond)
+
+
 def test_self_rag_prompted_keeps_the_best_critiqued_candidate(run, fresh):
     # Self-RAG: a candidate per passage, ranked by w_rel*IsREL + w_sup*IsSUP + w_use*IsUSE (1.0, 1.0, 0.5),
     # IsUSE 1-5 on the authors' -1..1 scale.
@@ -469,21 +485,14 @@ def test_self_rag_prompted_keeps_the_best_critiqued_candidate(run, fresh):
         "text 2": {"answer": "Jaws", "relevant": False, "supported": "fully", "usefulness": 5},  # 1.5
     }
 
-    def respond(request):
-        if "needs_retrieval" in request.output_fields:
-            return {"needs_retrieval": True}
-        if "supported" in request.output_fields:
-            return next(v for k, v in critiques.items() if k in request.inputs["passage"])
-        return {"answer": "Spielberg" if "Spielberg" in request.inputs.get("note", "") else "?"}
-
-    lm = ScriptedLM(respond)
+    lm = _critiquing_lm(critiques)
     prediction = run(SelfRAGPrompted(retriever=fresh(3), top_k=3), lm)
     assert prediction.answer == "Spielberg" and [p.id for p in prediction.passages] == ["p1"]
     assert prediction.stats["lm_calls"] == 1 + 3 + 1 and prediction.stats["retrievals"] == 1
     scores = [e["score"] for e in prediction.trace if e["stage"] == "critique"]
     assert scores == [2.0, 2.25, 1.5]
     # Other weights, another choice: usefulness alone picks the first.
-    lm = ScriptedLM(respond)
+    lm = _critiquing_lm(critiques)
     alone = run(SelfRAGPrompted(retriever=fresh(3), top_k=3, w_rel=0, w_sup=0, w_use=1), lm)
     assert [p.id for p in alone.passages] == ["p0"]
 
@@ -499,14 +508,7 @@ def test_self_rag_prompted_rates_usefulness_on_the_authors_minus_one_to_one_scal
         "text 2": "[[ ## nothing ## ]]",  # unparsable: no critique, every score 0
     }
 
-    def respond(request):
-        if "needs_retrieval" in request.output_fields:
-            return {"needs_retrieval": True}
-        if "supported" in request.output_fields:
-            return next(v for k, v in critiques.items() if k in request.inputs["passage"])
-        return {"answer": "Spielberg" if "Spielberg" in request.inputs.get("note", "") else "?"}
-
-    prediction = run(SelfRAGPrompted(retriever=fresh(3), top_k=3), ScriptedLM(respond))
+    prediction = run(SelfRAGPrompted(retriever=fresh(3), top_k=3), _critiquing_lm(critiques))
     scores = [e["score"] for e in prediction.trace if e["stage"] == "critique" and "score" in e]
     assert scores == [1.0, 1.25, 0.0]
     assert prediction.answer == "Spielberg" and [p.id for p in prediction.passages] == ["p1"]
