@@ -14,7 +14,9 @@ import doctest
 import importlib
 import io
 import ipaddress
+import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +77,10 @@ def _refuse_remote(real_connect: Any, real_getaddrinfo: Any) -> tuple[Any, Any]:
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A temporary working directory, no connection beyond loopback, no local LM."""
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A temporary working directory, no connection beyond loopback, no local LM, and the environment as it
+    was afterwards (an example that sets OPENAI_API_KEY left it set, and a later test expecting "not set"
+    reached for api.openai.com)."""
     from ragsuite.local_lm.server import LocalServer
 
     monkeypatch.chdir(tmp_path)
@@ -88,6 +92,12 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError(f"a docstring example started the local LM: {_MARK}")
 
     monkeypatch.setattr(LocalServer, "start", no_local_lm)
+    environment = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 def run_examples(name: str) -> tuple[doctest.TestResults, str]:
@@ -152,3 +162,15 @@ def test_the_examples_are_found_and_a_stale_one_fails() -> None:
     runner = doctest.DocTestRunner()
     runner.run(stale, out=io.StringIO().write)
     assert runner.summarize(verbose=False).failed == 1
+
+
+@pytest.mark.usefixtures("sandbox")
+def test_an_example_s_environment_changes_end_with_it() -> None:
+    """The redaction module's example sets OPENAI_API_KEY; after its run the variable is gone again (the
+    sandbox fixture's teardown is checked by the test after this one)."""
+    results, _ = run_examples("ragsuite.redaction")
+    assert not results.failed and os.environ.get("OPENAI_API_KEY") == "sk-test-123456789012345"
+
+
+def test_the_example_s_key_did_not_outlive_it() -> None:
+    assert "OPENAI_API_KEY" not in os.environ
