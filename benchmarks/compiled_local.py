@@ -56,7 +56,9 @@ ARMS = (
 #: The command of the committed run, named in its report.
 COMMAND = (
     "python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --train 30 --val 10 "
-    "--max-demos 2 --eval hotpotqa:100 2wikimultihopqa:50 --chunk 4 --out benchmarks/results/compiled-local"
+    "--max-demos 2 --teacher-lm local:qwen2.5-coder-1.5b-instruct-q4_k_m "
+    "--eval hotpotqa:100 2wikimultihopqa:50 --chunk 4 "
+    "--out benchmarks/results/compiled-local"
 )
 SMOKE_BELOW = 30
 
@@ -81,6 +83,7 @@ def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
             "--optimizer", args.optimizer, "--train", str(args.train), "--val", str(args.val), "--no-eval",
             "--lm", args.model, "--api-base", server.api_base, "--threads", str(server.settings.parallel),
             "--no-progress", "--out", str(target), "--option", f"max_bootstrapped_demos={args.max_demos}",
+            *(["--teacher-lm", args.teacher_lm] if args.teacher_lm else []),
         ])  # fmt: skip
         if code:
             raise SystemExit(f"compile of {program} failed (exit {code}); rerun to resume it")
@@ -183,10 +186,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in source if line.strip()]
 
 
-def report(out: Path, *, command: str = COMMAND) -> str:
-    """The Markdown report of a run folder, from its records alone (see the module docstring)."""
+def report(out: Path, *, command: str | None = None) -> str:
+    """The Markdown report of a run folder, from its records alone (see the module docstring); the command
+    is the one the folder's ``command.txt`` holds, else :data:`COMMAND`."""
     from ragsuite.data.datasets import get_dataset_info
 
+    if command is None:
+        saved = out / "command.txt"
+        command = saved.read_text(encoding="utf-8").strip() if saved.exists() else COMMAND
     chunks = read_jsonl(out / "chunks.jsonl")
     labels = [label for label, _, _ in ARMS]
     lines = [f"Command: `{command}`.", ""]
@@ -284,7 +291,10 @@ def demos_per_stage(out: Path) -> list[str]:
         counts = ", ".join(
             f"{name} {len(state.get('demos') or [])}" for name, state in document["predictors"].items()
         )
-        described.append(f"{document.get('program', path.stem)} ({counts})")
+        teacher = (document.get("metadata") or {}).get("teacher_lm")
+        described.append(
+            f"{document.get('program', path.stem)} ({counts}{f'; teacher {teacher}' if teacher else ''})"
+        )
     return described
 
 
@@ -302,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         "--max-demos", type=int, default=2,
         help="demos bootstrapped per stage (default 2: each DeepNote demo carries its passages and notes)",
     )  # fmt: skip
+    parser.add_argument(
+        "--teacher-lm",
+        help="the LM that bootstraps the demos (ragsuite compile's --teacher-lm; default: --model)",
+    )
     parser.add_argument("--train", type=int, default=30, help="compile's train slice (default 30)")
     parser.add_argument("--val", type=int, default=10, help="compile's val slice, also held out (default 10)")
     parser.add_argument(
@@ -326,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ["RAGSUITE_DATA"] = str(args.data_dir)
     args.out.mkdir(parents=True, exist_ok=True)
+    if not (args.out / "command.txt").exists():
+        words = [
+            w if w != str(args.data_dir) else "DATA" for w in (argv if argv is not None else sys.argv[1:])
+        ]
+        (args.out / "command.txt").write_text("python benchmarks/compiled_local.py " + " ".join(words) + "\n")
     from real_lm import start_server
 
     server = start_server(args, parallel=None, threads=None)

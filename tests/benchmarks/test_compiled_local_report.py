@@ -69,6 +69,11 @@ def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_
     assert compared[1].startswith(f"| {labels[0]} − {labels[2]} | +100.0 [+100.0, +100.0], p = ")
     assert "smoke run" in report and "2 held-out dev questions" in report
     assert "`python benchmarks/compiled_local.py --out X`" in report
+    # Without a command given, the folder's own command.txt names it (each folder keeps the command it ran).
+    (tmp_path / "command.txt").write_text("python benchmarks/compiled_local.py --teacher-lm T --out Y\n")
+    assert bench.report(tmp_path).startswith(
+        "Command: `python benchmarks/compiled_local.py --teacher-lm T --out Y`."
+    )
 
 
 def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root) -> None:
