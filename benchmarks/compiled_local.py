@@ -56,7 +56,7 @@ ARMS = (
 #: The command of the committed run, named in its report.
 COMMAND = (
     "python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --train 30 --val 10 "
-    "--max-demos 2 --teacher-lm local:qwen2.5-coder-1.5b-instruct-q4_k_m "
+    "--max-demos 2 --teacher-lm local:qwen2.5-coder-1.5b-instruct-q4_k_m --teacher-threads 2 "
     "--eval hotpotqa:100 2wikimultihopqa:50 --chunk 4 "
     "--out benchmarks/results/compiled-local"
 )
@@ -84,6 +84,7 @@ def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
             "--lm", args.model, "--api-base", server.api_base, "--threads", str(server.settings.parallel),
             "--no-progress", "--out", str(target), "--option", f"max_bootstrapped_demos={args.max_demos}",
             *(["--teacher-lm", args.teacher_lm] if args.teacher_lm else []),
+            *(["--local-threads", str(args.teacher_threads)] if args.teacher_threads else []),
         ])  # fmt: skip
         if code:
             raise SystemExit(f"compile of {program} failed (exit {code}); rerun to resume it")
@@ -316,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         "--teacher-lm",
         help="the LM that bootstraps the demos (ragsuite compile's --teacher-lm; default: --model)",
     )
+    parser.add_argument(
+        "--teacher-threads", type=int,
+        help="CPU threads of a local teacher's server (--local-threads; default ragsuite's). BootstrapFewShot"
+        " asks one question at a time, so on an otherwise idle machine every core can generate for it",
+    )  # fmt: skip
     parser.add_argument("--train", type=int, default=30, help="compile's train slice (default 30)")
     parser.add_argument("--val", type=int, default=10, help="compile's val slice, also held out (default 10)")
     parser.add_argument(
