@@ -46,8 +46,7 @@ Differences from the original:
   (the bounds of ``NoteInit.note`` and ``NoteUpdate.updated_note``). Why: the 0.5B local model's notes run
   to 700 characters, and one past 2,000 is the model repeating a sentence until the budget ends (a minute
   of generation on 2 cores, and JSON cut mid-string that no parser reads); the bound ends it as a valid
-  note.
-  Other LMs are bound by the budget alone, as in the official code.
+  note. Other LMs are bound by the budget alone, as in the official code.
 """
 
 from __future__ import annotations
@@ -136,6 +135,17 @@ def _normalize(query: str) -> str:
     return " ".join(query.lower().split())
 
 
+def _split_repeats(proposed: list[str], asked: list[str]) -> tuple[list[str], list[str]]:
+    """``proposed`` queries split into those new (to ``asked`` and to the ones before them) and those that
+    repeat a query, both compared case- and space-insensitively."""
+    seen = {_normalize(q) for q in asked}
+    new, repeated = [], []
+    for query in proposed:
+        (repeated if _normalize(query) in seen else new).append(query)
+        seen.add(_normalize(query))
+    return new, repeated
+
+
 def _repeats_a_sentence(text: str) -> bool:
     """Whether a sentence of 20 characters or more comes twice in ``text``: a small model looping."""
     sentences = [_normalize(part) for part in re.split(r"(?<=[.?!])\s+", text)]
@@ -149,9 +159,9 @@ def _degenerate_step(inputs: dict[str, Any], outputs: Any) -> bool:
     notes = [fields[name] for name in ("note", "updated_note") if isinstance(fields.get(name), str)]
     if any(len(note) >= NOTE_MAX_CHARS or _repeats_a_sentence(note) for note in notes):
         return True
-    queries = [_normalize(str(q)) for q in fields.get("queries") or []]
-    asked = {_normalize(str(q)) for q in inputs.get("asked_queries") or []}
-    if len(set(queries)) < len(queries) or asked & set(queries) or any(map(_repeats_a_sentence, queries)):
+    queries = [str(q) for q in fields.get("queries") or []]
+    _, repeated = _split_repeats(queries, [str(q) for q in inputs.get("asked_queries") or []])
+    if repeated or any(map(_repeats_a_sentence, queries)):
         return True
     best, updated = (_normalize(str(inputs.get(name, ""))) for name in ("best_note", "updated_note"))
     return fields.get("better") is True and best == updated
@@ -307,16 +317,7 @@ class DeepNote(RAGProgram):
             salvaged = bool(prediction.get("salvaged"))
             return {"queries": [q for q in proposed if q], "repeated": [], "salvaged": salvaged}
         # Optional: enforce the prompt's no-repeat rule so a disobedient LM cannot loop on the same query.
-        seen = {_normalize(q) for q in asked} | {_normalize(question)}
-        queries, repeated = [], []
-        for query in proposed:
-            if not query:
-                continue
-            if _normalize(query) in seen:
-                repeated.append(query)
-                continue
-            seen.add(_normalize(query))
-            queries.append(query)
+        queries, repeated = _split_repeats([q for q in proposed if q], [*asked, question])
         return {"queries": queries, "repeated": repeated, "salvaged": bool(prediction.get("salvaged"))}
 
     async def _update(
