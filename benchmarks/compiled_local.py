@@ -140,18 +140,21 @@ def score_chunks(args: argparse.Namespace, out: Path, server: Any) -> None:
     from ragsuite.lm import build_lm
 
     done = {(row["dataset"], row["arm"], row["chunk"]) for row in read_jsonl(out / "chunks.jsonl")}
+    lms = {
+        label: build_lm(args.model, api_base=server.api_base, cache=False, **generation(program))
+        for label, program, _ in ARMS
+    }
     for target in args.eval:
         dataset, limit = target.split(":")
         programs, examples = held_out(args, out, dataset, int(limit))
         for start in range(0, len(examples), args.chunk):
             chunk = examples[start : start + args.chunk]
-            for label, program, _ in ARMS:
+            for label, _, _ in ARMS:
                 if (dataset, label, start) in done:
                     continue
-                lm = build_lm(args.model, api_base=server.api_base, cache=False, **generation(program))
                 work = out / "work" / dataset / label.replace(" ", "-") / f"chunk-{start:04d}"
                 started = time.perf_counter()
-                with dspy.context(lm=lm):
+                with dspy.context(lm=lms[label]):
                     result = evaluate(
                         programs[label], chunk, dataset=dataset, threads=server.settings.parallel,
                         out_dir=work, progress=False,
@@ -181,10 +184,8 @@ def append_records(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    with gzip.open(path, "rt", encoding="utf-8") as source:
-        return [json.loads(line) for line in source if line.strip()]
+    """The records of a ``.jsonl.gz`` file (every gzip member), none when it does not exist."""
+    return read_jsonl(path.with_suffix(""))
 
 
 def report(out: Path, *, command: str | None = None) -> str:
