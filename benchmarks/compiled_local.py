@@ -263,9 +263,12 @@ def arm_cells(
     cells = [f"{100 * sum(scores[names[0]]) / n:.1f} [{100 * low:.1f}, {100 * high:.1f}]"]
     cells += [f"{100 * sum(scores[name]) / n:.1f}" for name in names[1:]]
     cells.append(str(sum(1 for r in rows if r.get("error"))))
-    cells.append(
-        f"{sum(tokens(r, 'input') for r in rows) / n:,.0f}/{sum(tokens(r, 'output') for r in rows) / n:,.0f}"
-    )
+    counted = [(tokens(r, "input"), tokens(r, "output")) for r in rows]
+    # A record without its token counts leaves the cell empty: 0 would read as a measurement.
+    if all(None not in pair for pair in counted):
+        cells.append(f"{sum(i for i, _ in counted) / n:,.0f}/{sum(o for _, o in counted) / n:,.0f}")
+    else:
+        cells.append("–")
     cells.append(f"{sum(c['wall'] for c in chunks) / sum(c['questions'] for c in chunks):.1f}")
     return cells
 
@@ -278,9 +281,11 @@ def paired_cell(a: list[float], b: list[float]) -> str:
     return f"{100 * result.difference:+.1f} {interval}, p = {result.p_value:.3f}"
 
 
-def tokens(record: dict[str, Any], kind: str) -> float:
-    value = record.get("tokens") or {}
-    return float(value.get(kind) or 0) if isinstance(value, dict) else 0.0
+def tokens(record: dict[str, Any], kind: str) -> float | None:
+    """The record's ``input`` or ``output`` token count; None when it has none."""
+    value = record.get("tokens")
+    count = value.get(kind) if isinstance(value, dict) else None
+    return float(count) if isinstance(count, int | float) else None
 
 
 def demos_per_stage(out: Path) -> list[str]:

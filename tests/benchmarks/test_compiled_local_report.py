@@ -82,3 +82,19 @@ def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root)
     shown = page.split("<!-- compiled-local:start -->\n", 1)[1].split("<!-- compiled-local:end -->", 1)[0]
     report = bench.report(repo_root / "benchmarks" / "results" / "compiled-local")
     assert shown.strip() == report, "rerun: python benchmarks/compiled_local.py --out ... --report --docs ..."
+
+
+def test_token_counts_missing_from_a_record_are_shown_as_absent_not_zero(tmp_path: Path, bench) -> None:
+    labels = [label for label, _, _ in bench.ARMS]
+    chunks = [
+        {"dataset": "hotpotqa", "arm": label, "chunk": 0, "questions": 1, "wall": 1.0} for label in labels
+    ]
+    (tmp_path / "chunks.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chunks))
+    for label in labels:
+        record = _record("q1", 1.0)
+        if label == labels[1]:
+            del record["tokens"]
+        bench.append_records(bench.records_path(tmp_path, "hotpotqa", label), [record])
+    rows = {line.split(" | ")[0]: line for line in bench.report(tmp_path, command="c").splitlines()}
+    assert rows[f"| {labels[0]}"].endswith("| 0 | 1,000/100 | 1.0 |")
+    assert rows[f"| {labels[1]}"].endswith("| 0 | – | 1.0 |")
