@@ -122,6 +122,7 @@ def test_fusion_benchmark_writes_records_and_the_docs_tables(
         "--hybrid",
         "--datasets",
         "strategyqa",
+        "nq",
         "--data-dir",
         str(data_dir),
         "--dense-model",
@@ -140,8 +141,9 @@ def test_fusion_benchmark_writes_records_and_the_docs_tables(
     assert bench.main([*argv, "--records", str(records), "--docs", str(page)]) == 0
     printed = capsys.readouterr().out
     run = json.loads(records.read_text(encoding="utf-8"))
-    [record] = run["datasets"]
+    record, other = run["datasets"]
     assert record["questions"] == record["fit_questions"] + record["held_out_questions"] == 40
+    assert other["dataset"] == "nq"
     columns = record["columns"]
     names = {"bm25", "dense", "interleave", "rrf", "rrf tuned", "linear", "linear tuned"}
     assert set(columns) == names
@@ -151,6 +153,15 @@ def test_fusion_benchmark_writes_records_and_the_docs_tables(
     assert columns["linear tuned"]["spec"].startswith("hybrid:linear:bm25:strategyqa")
     assert {"fusion_alpha", "fusion_depth", "fusion_norm"} <= set(columns["linear tuned"]["params"])
     assert {run["defaults"][mode]["alpha"] for mode in ("rrf", "linear")} <= set(bench.ALPHAS)
+    for mode in ("rrf", "linear"):
+        fitted = run["defaults"][mode]
+        assert set(fitted["margins"]) == set(fitted["leave_one_out"]) == {"strategyqa", "nq"}
+        # Left out, a dataset is scored with the fit made on the other one alone, from the same grid.
+        for name in ("strategyqa", "nq"):
+            left_out = fitted["leave_one_out"][name]
+            assert left_out["alpha"] in bench.ALPHAS and left_out["settings"] in bench.FIT_GRID[mode]
+            if (left_out["alpha"], left_out["settings"]) == (fitted["alpha"], fitted["settings"]):
+                assert left_out["margin"] == fitted["margins"][name]
     table = bench.fusion_markdown(run)
     assert table in printed and "| strategyqa | 40 |" in table
     assert (
