@@ -91,8 +91,8 @@ class Held:
 
 def test_requests_spread_over_every_replica_with_the_same_key(monkeypatch):
     """Least-busy sends each request to the replica with the fewest in flight. Requests are sent one at a
-    time, each once the previous one is held by a server, so the Router always sees the true counts (requests
-    fired together race between choosing a replica and counting it, which is LiteLLM's and timing-dependent)."""
+    time, each once the previous one is held by a server, so the Router always sees the true counts
+    (requests fired together race between choosing a replica and counting it: LiteLLM's, timing-dependent)."""
     monkeypatch.setenv("VLLM_API_KEY", "replica-key-123456")
     held = Held()
     with contextlib.ExitStack() as stack:

@@ -39,9 +39,9 @@ DEFAULT_RRF_K = 60
 DEFAULT_NORM = "minmax"
 
 #: A member's weight when the spec gives none, by fusion mode and member kind (``describe()["kind"]``);
-#: kinds not listed weigh 1. Fitted on every question of the dev splits with gold passages, and checked on each
-#: dataset against the fit made without it (``benchmarks/retrieval.py --hybrid``; docs/retrieval.md shows
-#: the run).
+#: kinds not listed weigh 1. Fitted on every question of the dev splits with gold passages, and checked on
+#: each dataset against the fit made without it (``benchmarks/retrieval.py --hybrid``; docs/retrieval.md
+#: shows the run).
 DEFAULT_WEIGHTS: dict[str, dict[str, float]] = {
     "rrf": {"bm25": 0.3, "dense": 0.7},
     "linear": {"bm25": 0.4, "dense": 0.6},
@@ -276,15 +276,18 @@ def format_hybrid_spec(
     depth: int | None = None,
     kinds: Sequence[Any] = (),
 ) -> str:
-    """The spec of a hybrid: weights as ``@W`` after each member unless all are 1, then the settings that
-    differ from the defaults for the mode and these member kinds (:func:`mode_defaults`) as
-    ``:KEY=VALUE``.
+    """The spec of a hybrid: weights as ``@W`` after each member unless they are all 1 and so are the
+    defaults for the mode and these member kinds (:func:`default_weights`), then the settings that differ
+    from the defaults (:func:`mode_defaults`) as ``:KEY=VALUE``. So the spec rebuilds the same fusion
+    whatever defaults the library ships then.
 
     Example:
         >>> format_hybrid_spec("rrf", ["bm25:nq", "dense:nq"], weights=[0.3, 0.7], rrf_k=20)
         'hybrid:rrf:bm25:nq@0.3+dense:nq@0.7:rrf_k=20'
     """
-    weighted = weights is not None and any(float(w) != 1.0 for w in weights)
+    unit = [1.0] * len(members)
+    defaults = default_weights(mode, [{"kind": kind} for kind in kinds]) if kinds else unit
+    weighted = weights is not None and (any(float(w) != 1.0 for w in weights) or defaults != unit)
     parts = [
         f"{spec}@{_number(w)}" if weighted else spec
         for spec, w in zip(members, weights or [1.0] * len(members), strict=True)

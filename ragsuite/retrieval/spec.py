@@ -191,8 +191,8 @@ def rebuild_retriever(
         description = _moved_corpus(description, Path(corpus).expanduser().resolve())
         spec = description["spec"]
     _check_corpus(description, data_dir)
-    if description.get("kind") == "hybrid" and "weights" not in description:
-        spec = _legacy_hybrid_spec(spec, description)
+    if description.get("kind") == "hybrid":
+        spec = _saved_hybrid_spec(spec, description)
     settings = {k: description[k] for k in _BM25_SETTINGS if k in description}
     options = settings if description.get("kind") == "bm25" else {}
     retriever = build_retriever(spec, data_dir=data_dir, cache_dir=cache_dir, **options)
@@ -223,19 +223,22 @@ _BM25_SETTINGS = (
 _HYBRID_SETTINGS = ("weights", "rrf_k", "norm", "depth")
 
 
-def _legacy_hybrid_spec(spec: str, description: Mapping[str, Any]) -> str:
-    """A hybrid saved before its spec carried weights and settings weighed every member 1 and kept rrf_k and
-    depth in its description only: rebuild it so, whatever today's defaults."""
+def _saved_hybrid_spec(spec: str, description: Mapping[str, Any]) -> str:
+    """The spec that rebuilds a saved hybrid as it ran, whatever today's defaults: its saved weights and
+    settings written out where they differ from them (a spec omits the defaults of its day, and the fitted
+    defaults change as they are refitted). A hybrid saved before specs carried weights weighed every member
+    1 and kept only ``rrf_k`` and ``depth`` in its description."""
     from ragsuite.retrieval.hybrid import format_hybrid_spec, parse_hybrid_spec
 
     mode, members, weights, settings = parse_hybrid_spec(spec)
-    if mode != "interleave" and weights is None:
-        members = [f"{m}@1" for m in members]
-    for key in ("rrf_k", "depth"):
-        if isinstance(description.get(key), int):
+    saved = description.get("weights")
+    if mode != "interleave":
+        weights = [float(w) for w in saved] if isinstance(saved, list) else weights or [1.0] * len(members)
+    for key in ("rrf_k", "depth", "norm"):
+        if description.get(key) is not None:
             settings.setdefault(key, description[key])
     kinds = [m.get("kind") for m in description.get("members") or [] if isinstance(m, Mapping)]
-    return format_hybrid_spec(mode, members, kinds=kinds, **settings)
+    return format_hybrid_spec(mode, members, weights=weights, kinds=kinds, **settings)
 
 
 def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:

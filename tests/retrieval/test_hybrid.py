@@ -365,6 +365,31 @@ def test_weighted_specs_round_trip_through_program_files(tmp_path, monkeypatch, 
     assert (rebuilt.rrf_k, rebuilt.depth, rebuilt.weights) == (33, 40, [1.0, 1.0])
 
 
+def test_a_program_file_fuses_as_it_ran_after_the_defaults_are_refitted(tmp_path, monkeypatch, data_dir):
+    """The spec leaves out the defaults of its day: a hybrid saved with equal weights, zscore and depth 50
+    (the defaults then) reloads with them after the library ships other fitted defaults, and ranks alike."""
+    import ragsuite
+    from ragsuite import programs
+    from ragsuite.retrieval import hybrid as hybrid_module
+    from ragsuite.retrieval.spec import build_retriever
+
+    monkeypatch.setenv("RAGSUITE_CACHE", str(tmp_path / "cache"))
+    spec = "hybrid:linear:bm25:nq+bm25:hotpotqa"
+    with monkeypatch.context() as then:
+        then.setitem(hybrid_module.DEFAULT_SETTINGS, "linear", {"norm": "zscore", "depth": 50})
+        saved = build_retriever(spec, data_dir=data_dir)
+        assert (saved.weights, saved.norm, saved.depth) == ([1.0, 1.0], "zscore", 50)
+        path = tmp_path / "then.json"
+        programs.get("vanilla")(retriever=saved, top_k=3).save(str(path))
+    monkeypatch.setattr(hybrid_module, "default_weights", lambda mode, members: [0.2, 0.8])
+    now = build_retriever(spec, data_dir=data_dir)
+    assert (now.weights, now.norm, now.depth) == ([0.2, 0.8], "minmax", 20)  # today's defaults differ
+    loaded = ragsuite.load(str(path), data_dir=data_dir).retriever
+    assert (loaded.weights, loaded.norm, loaded.depth) == ([1.0, 1.0], "zscore", 50)
+    query = "Who was the first president of the United States?"
+    assert [(p.id, p.score) for p in loaded(query, 5)] == [(p.id, p.score) for p in saved(query, 5)]
+
+
 def test_fuse_from_deeper_lists_matches_a_call():
     a = Scored([(f"a{i}", 10.0 - i) for i in range(8)] + [("z", 1.0)])
     b = Scored([(f"b{i}", 5.0 - 0.1 * i) for i in range(8)] + [("z", 4.0)])
