@@ -229,16 +229,32 @@ def _saved_hybrid_spec(spec: str, description: Mapping[str, Any]) -> str:
     defaults change as they are refitted). A hybrid saved before specs carried weights weighed every member
     1 and kept only ``rrf_k`` and ``depth`` in its description."""
     from ragsuite.retrieval.hybrid import format_hybrid_spec, parse_hybrid_spec
+    from ragsuite.retrieval.merge import NORMS
 
     mode, members, weights, settings = parse_hybrid_spec(spec)
     saved = description.get("weights")
-    if mode != "interleave":
-        weights = [float(w) for w in saved] if isinstance(saved, list) else weights or [1.0] * len(members)
-    for key in ("rrf_k", "depth", "norm"):
-        if description.get(key) is not None:
+    if mode != "interleave" and _numbers(saved, len(members)):
+        weights = [float(w) for w in saved]
+    elif mode != "interleave" and "weights" not in description:
+        weights = weights or [1.0] * len(members)
+    # Only well-formed values go into the spec; others stay out and the rebuild's check names them.
+    for key, valid in (("rrf_k", _count), ("depth", _count), ("norm", lambda v: v in NORMS)):
+        if valid(description.get(key)):
             settings.setdefault(key, description[key])
     kinds = [m.get("kind") for m in description.get("members") or [] if isinstance(m, Mapping)]
     return format_hybrid_spec(mode, members, weights=weights, kinds=kinds, **settings)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _numbers(value: Any, n: int) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == n
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
 
 
 def _moved_corpus(description: Mapping[str, Any], path: Path) -> dict[str, Any]:

@@ -390,6 +390,26 @@ def test_a_program_file_fuses_as_it_ran_after_the_defaults_are_refitted(tmp_path
     assert [(p.id, p.score) for p in loaded(query, 5)] == [(p.id, p.score) for p in saved(query, 5)]
 
 
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        {"weights": ["x", 1]},
+        {"weights": [1.0]},
+        {"depth": "20:rrf_k=1+bm25:hotpotqa"},
+        {"norm": "minmax+dense:http://127.0.0.1:9/v1"},
+        {"rrf_k": True},
+    ],
+)
+def test_corrupt_saved_fusion_settings_are_a_clear_error_never_part_of_the_spec(corrupt, data_dir):
+    """A saved hybrid's weights and settings are written back into its spec only when well formed: a
+    malformed value is a ConfigError naming it, never text spliced into the spec (a member, a URL)."""
+    from ragsuite.retrieval.spec import build_retriever, rebuild_retriever
+
+    saved = build_retriever("hybrid:linear:bm25:nq+bm25:hotpotqa", data_dir=data_dir).describe()
+    with pytest.raises(ConfigError, match="cannot be rebuilt"):
+        rebuild_retriever({**saved, **corrupt}, data_dir=data_dir)
+
+
 def test_fuse_from_deeper_lists_matches_a_call():
     a = Scored([(f"a{i}", 10.0 - i) for i in range(8)] + [("z", 1.0)])
     b = Scored([(f"b{i}", 5.0 - 0.1 * i) for i in range(8)] + [("z", 4.0)])
