@@ -356,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         words = [
             w if w != str(args.data_dir) else "DATA" for w in (argv if argv is not None else sys.argv[1:])
         ]
-        (args.out / "command.txt").write_text("python benchmarks/compiled_local.py " + " ".join(words) + "\n")
+        (args.out / "command.txt").write_text(
+            "python benchmarks/compiled_local.py " + " ".join(words) + "\n", encoding="utf-8"
+        )
     from real_lm import start_server
 
     server = start_server(args, parallel=None, threads=None)

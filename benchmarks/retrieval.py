@@ -253,7 +253,10 @@ def fit_defaults(records: Sequence[dict], fits: Sequence[dict]) -> dict:
 
     names = [r["dataset"] for r in records]
     members = {
-        name: [_recalls([[p.id for p in per[i][:K]] for per in f["lists"]], f["golds"]) for i in range(2)]
+        name: [
+            _recalls([[p.id for p in per[i][:K]] for per in f["lists"]], f["golds"])
+            for i in range(len(MEMBERS))
+        ]
         for name, f in zip(names, fits, strict=True)
     }
 
