@@ -11,7 +11,8 @@ and with compiled vanilla.
    ``--eval DATASET:N``, in alternating chunks of ``--chunk``
    questions so that every arm sees the same machine. Each finished chunk's records are appended to
    ``OUT/<dataset>.<arm>.records.jsonl.gz`` and its wall time to ``OUT/chunks.jsonl``; a chunk stopped
-   mid-way resumes from its run directory under ``OUT/work/`` (not kept). Rerun the same command to go on.
+   mid-way runs again whole (its run directory under ``OUT/work/`` is cleared), so that its wall time covers
+   every question it records. Rerun the same command to go on.
 Both steps run on one local server with ragsuite's default settings, as ``--lm local`` starts it.
 
 3. **Report** (``--report``): from the records alone, per dataset, each arm's score with its 95% bootstrap
@@ -34,6 +35,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -153,6 +155,9 @@ def score_chunks(args: argparse.Namespace, out: Path, server: Any) -> None:
                 if (dataset, label, start) in done:
                     continue
                 work = out / "work" / dataset / label.replace(" ", "-") / f"chunk-{start:04d}"
+                # A resumed chunk would time only its last questions, and seconds per question come from
+                # chunk wall times: a stopped chunk runs again whole.
+                shutil.rmtree(work, ignore_errors=True)
                 started = time.perf_counter()
                 with dspy.context(lm=lms[label]):
                     result = evaluate(

@@ -98,3 +98,37 @@ def test_token_counts_missing_from_a_record_are_shown_as_absent_not_zero(tmp_pat
     rows = {line.split(" | ")[0]: line for line in bench.report(tmp_path, command="c").splitlines()}
     assert rows[f"| {labels[0]}"].endswith("| 0 | 1,000/100 | 1.0 |")
     assert rows[f"| {labels[1]}"].endswith("| 0 | – | 1.0 |")
+
+
+def test_a_stopped_chunk_runs_again_whole_so_its_wall_time_covers_its_questions(
+    tmp_path: Path, bench, monkeypatch
+) -> None:
+    import argparse
+    import types
+
+    import dspy
+
+    import ragsuite.evaluation
+    import ragsuite.lm
+
+    labels = [label for label, _, _ in bench.ARMS]
+    stopped = tmp_path / "work" / "hotpotqa" / "deepnote-compiled" / "chunk-0000"
+    stopped.mkdir(parents=True)
+    (stopped / "records.jsonl").write_text(json.dumps(_record("q1", 1.0)) + "\n")  # its first question
+    examples = [dspy.Example(id=f"q{i}", question=f"Q{i}?").with_inputs("question") for i in (1, 2)]
+    found_stale = []
+
+    def evaluate(program, chunk, *, out_dir, **kwargs):
+        found_stale.append((out_dir / "records.jsonl").exists())
+        return types.SimpleNamespace(records=[_record(ex.id, 1.0) for ex in chunk])
+
+    monkeypatch.setattr(ragsuite.evaluation, "evaluate", evaluate)
+    monkeypatch.setattr(ragsuite.lm, "build_lm", lambda *args, **kwargs: None)
+    monkeypatch.setattr(bench, "held_out", lambda *args: ({label: None for label in labels}, examples))
+    server = types.SimpleNamespace(
+        api_base="http://127.0.0.1:1/v1", settings=types.SimpleNamespace(parallel=2, public=lambda: {})
+    )
+    bench.score_chunks(argparse.Namespace(model="local", eval=["hotpotqa:2"], chunk=2), tmp_path, server)
+    assert found_stale == [False, False, False]  # every arm ran its chunk from the start
+    chunks = [json.loads(line) for line in (tmp_path / "chunks.jsonl").read_text().splitlines()]
+    assert [(c["arm"], c["questions"]) for c in chunks] == [(label, 2) for label in labels]
