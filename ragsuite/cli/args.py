@@ -180,6 +180,18 @@ def holdout_metadata(args: argparse.Namespace, *, train: Sequence[Any], val: Seq
     }
 
 
+def with_earlier_holdout(metadata: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` (a :func:`holdout_metadata`) with the example ids that ``metadata``'s own holdout names added:
+    a compiled program tuned again still holds out the examples its compile saw."""
+    earlier = metadata.get(HOLDOUT_KEY) if isinstance(metadata.get(HOLDOUT_KEY), dict) else {}
+    merged = dict(new[HOLDOUT_KEY])
+    for key in ("train_ids", "val_ids"):
+        seen = earlier.get(key) if isinstance(earlier.get(key), list) else []
+        ids = [str(i) for i in seen if isinstance(i, str | int) and not isinstance(i, bool)]
+        merged[key] = list(dict.fromkeys([*ids, *merged[key]]))
+    return {HOLDOUT_KEY: merged}
+
+
 def exclude_holdout(program: Any, examples: Sequence[Any], *, allow_overlap: bool) -> tuple[list[Any], int]:
     """Leave out the examples ``program`` was compiled or tuned on (recorded by :func:`holdout_metadata`).
 
@@ -581,11 +593,18 @@ OPTIMIZER_HELP = (
 )
 
 
-def add_training_arguments(parser: argparse.ArgumentParser, *, train: int, val: int) -> None:
-    """Dataset, split sizes, retriever and path flags shared by ``compile`` and ``tune``."""
+def add_training_arguments(
+    parser: argparse.ArgumentParser, *, train: int, val: int, program_help: str | None = None
+) -> None:
+    """Dataset, split sizes, retriever and path flags shared by ``compile`` and ``tune``; ``--program`` is
+    required unless ``program_help`` says when it is not."""
     from ragsuite.retrieval.spec import SPEC_HELP
 
-    parser.add_argument("--program", required=True, help=f"program name: {program_choices()}")
+    parser.add_argument(
+        "--program",
+        required=program_help is None,
+        help=f"program name: {program_choices()}" + (f"; {program_help}" if program_help else ""),
+    )
     add_stage_argument(parser)
     add_data_arguments(parser, dataset_help="dataset whose split (or --questions) is sliced into train/val")
     parser.add_argument("--train", type=int, default=train, help=f"training examples (default {train})")

@@ -22,6 +22,11 @@ quality and is charged the cost of the trial's dearest answered question.
 Cost: every trial is one evaluation of ``--val`` examples. ``--compile OPT`` adds one compile after the
 search; ``--compile-each`` compiles in every trial (trials x one compile, e.g. 30 MIPROv2 runs).
 
+A compiled program is tuned as it is: ``--program-file FILE`` starts every trial from the file (its prompts,
+demos and knobs; the trial's knobs replace its own), and the first trial runs the file's knobs. ``--search
+KNOB,KNOB`` narrows the search to those knobs, ``--set KNOB=VALUE`` fixes one for every trial. The written
+program still holds out the examples the file's compile saw.
+
 Thresholds and choice weights (``*_threshold``, HANRAG's ``route_weight_*``; the decision ones act with
 ``decisions=probability``, diverse-rerank's ``score_threshold`` with ``rerank_by=lm``) are continuous knobs
 of the search spaces, listed below. A trial that changes only
@@ -31,6 +36,8 @@ them repeats earlier requests up to the first flipped decision, which DSPy's cac
 Example:
     ragsuite tune --program deepnote --dataset hotpotqa --lm openai/gpt-4o-mini --trials 30 \\
         --objectives quality,lm_calls --val 50 --threads 8 --out runs/tune-deepnote
+    ragsuite tune --program-file deepnote-compiled.json --dataset hotpotqa --search max_step,max_failure \\
+        --trials 8 --train 30 --val 10 --out runs/tune-compiled
 """
 
 from __future__ import annotations
@@ -59,7 +66,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=programs_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_training_arguments(parser, train=20, val=50)
+    add_training_arguments(parser, train=20, val=50, program_help="optional with --program-file")
+    parser.add_argument(
+        "--program-file",
+        type=Path,
+        help="tune a saved (compiled) program: every trial keeps its prompts and demos, with the trial's "
+        "knobs; the first trial runs the file's knobs",
+    )
+    parser.add_argument(
+        "--search",
+        metavar="KNOB,KNOB",
+        help="search only these knobs (default: every knob with a search space, listed below)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="fix a knob for every trial, out of the search (repeatable)",
+    )
     parser.add_argument("--trials", type=int, required=True, help="total trials in the study")
     parser.add_argument(
         "--objectives",
@@ -109,8 +134,10 @@ def run(args: argparse.Namespace) -> int:
         build_teacher,
         holdout_metadata,
         load_splits,
+        parse_knob_settings,
         program_stages,
         show_progress,
+        with_earlier_holdout,
     )
     from ragsuite.cli.mlflow_tracking import mlflow_run, require_mlflow
     from ragsuite.files import lock_directory
@@ -123,12 +150,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--val must be >= 1")
     if args.mlflow is not None:
         require_mlflow()
-    cls = programs.get(args.program)
+    cls = programs.get(_program_name(args))
     objectives = tuple(o.strip() for o in args.objectives.split(",") if o.strip())
+    search = [name.strip() for name in args.search.split(",") if name.strip()] if args.search else None
+    program_kwargs: dict[str, Any] = {
+        **program_stages(args, cls),
+        **parse_knob_settings(args.set, cls.KNOBS, cls.name),
+    }
     trainset, valset = load_splits(args, train=args.train)
     main_lm, stage_lms, lm_public = build_lms(args)
-    program_kwargs: dict[str, Any] = program_stages(args, cls)
-    run_name = f"tune {args.program} {answer_style(args)}"
+    retriever = build_retriever_for(args, cls)
+    if args.program_file is not None:
+        _log_differences(args, retriever)
+    run_name = f"tune {cls.name} {answer_style(args)}"
     # One tune per output directory: two would overwrite each other's best.json and pareto files.
     with (
         lock_directory(args.out),
@@ -142,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
             cls,
             dataset=answer_style(args),
             valset=valset,
-            retriever=build_retriever_for(args, cls),
+            retriever=retriever,
             lm=main_lm,
             trials=args.trials,
             objectives=objectives,
@@ -165,11 +199,15 @@ def run(args: argparse.Namespace) -> int:
             run_config={"split_seed": args.split_seed},
             progress=show_progress(args),
             tune_retriever=args.tune_retriever,
+            search=search,
+            program_file=args.program_file,
         )
         if "program" in result.files:
-            # Record what the search saw, so `eval --program-file` leaves it out.
+            # Record what the search saw (and a program file's compile saw), so `eval --program-file` leaves
+            # it out.
             holdout = holdout_metadata(args, train=trainset if args.compile else [], val=valset)
             saved = read_program_file(result.files["program"]).get("metadata") or {}
+            holdout = with_earlier_holdout(saved, holdout)
             save_program(result.program, result.files["program"], metadata={**saved, **holdout})
         if tracking is not None:
             _log_study(tracking, result)
@@ -177,6 +215,40 @@ def run(args: argparse.Namespace) -> int:
     for label, path in result.files.items():
         print(f"{label}: {path}")
     return 0
+
+
+def _program_name(args: argparse.Namespace) -> str:
+    """``--program``, else the program ``--program-file`` holds (they must agree when both are given)."""
+    from ragsuite.programs.program_file import read_program_file
+
+    if args.program_file is None:
+        if not args.program:
+            raise ConfigError("give --program NAME or --program-file FILE")
+        return str(args.program)
+    saved = read_program_file(args.program_file).get("program")
+    if not isinstance(saved, str):
+        raise ConfigError(f"{args.program_file} names no program")
+    if args.program and args.program != saved:
+        raise ConfigError(f"{args.program_file} holds program {saved!r}, not {args.program!r}")
+    return saved
+
+
+def _log_differences(args: argparse.Namespace, retriever: Any) -> None:
+    """Warn of each way the tune runs other than what ``--program-file`` was saved with (dataset, answer
+    task, retriever)."""
+    from ragsuite.cli.args import answer_style
+    from ragsuite.data.datasets import get_dataset_info
+    from ragsuite.programs.program_file import program_file_differences, read_program_file
+
+    describe = getattr(retriever, "describe", None)
+    style = answer_style(args)
+    for line in program_file_differences(
+        read_program_file(args.program_file),
+        dataset=args.dataset,
+        task=get_dataset_info(style).task,
+        retriever=describe() if callable(describe) else None,
+    ):
+        log.warning("%s: %s", args.program_file, line)
 
 
 def _recording(args: argparse.Namespace, lm_public: dict[str, Any]) -> Any:
@@ -214,7 +286,10 @@ def _run_params(
     from ragsuite.cli.mlflow_tracking import lm_params
 
     return {
-        "program": args.program,
+        "program": _program_name(args),
+        "program_file": str(args.program_file) if args.program_file else None,
+        "search": args.search,
+        "set": ",".join(args.set) or None,
         "dataset": answer_style(args),
         "trials": args.trials,
         "objectives": ",".join(objectives),

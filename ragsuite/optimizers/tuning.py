@@ -1,10 +1,13 @@
 """Optuna search over a program's numeric and categorical knobs, scored on a validation split.
 
-Each trial samples knobs from the program class's ``search_space(trial)``, builds the program, and runs it on
-the validation examples through :func:`ragsuite.evaluation.evaluate` (threads, cost ledger). The first trial
-of a new study is the paper's defaults (``cls.default_knobs()``). Objectives are ``quality`` (the dataset's
-primary metric, maximized) optionally followed by costs to minimize: ``lm_calls``, ``tokens`` (input +
-output) or ``retrievals`` per question; with several objectives the Pareto front is reported and plotted.
+Each trial samples knobs from the program class's search space (its declared knobs, narrowed by ``search``,
+less those fixed in ``program_kwargs``; or its own ``search_space(trial)``), builds the program (or loads
+``program_file``'s, a compiled program, with the trial's knobs), and runs it on the validation examples
+through :func:`ragsuite.evaluation.evaluate` (threads, cost ledger). The first trial of a new study is the
+paper's defaults (``cls.default_knobs()``), or the program file's knobs. Objectives are ``quality`` (the
+dataset's primary metric, maximized) optionally followed by costs to minimize: ``lm_calls``, ``tokens``
+(input + output) or ``retrievals`` per question; with several objectives the Pareto front is reported and
+plotted.
 
 Storage: an SQLite file in ``out_dir`` by default; a JournalStorage file (``journal:PATH`` or a path ending
 in ``.log``/``.journal``) or an RDB URL (``postgresql://...``, ``sqlite:///...``) lets several processes,
@@ -54,6 +57,7 @@ from ragsuite.files import atomic_write_text
 
 if TYPE_CHECKING:
     from ragsuite.programs.base import RAGProgram
+    from ragsuite.programs.knobs import Knobs
     from ragsuite.retrieval.base import Retriever
 
 log = logging.getLogger("ragsuite.optimizers.tuning")
@@ -616,6 +620,10 @@ class TuneConfig:
         task: The dataset's answer task.
         quality: The metric maximized as quality (``quality_metric`` or the dataset's default).
         examples: The validation examples in the order trials score them (seeded shuffle under pruning).
+        base_knobs: The knobs a trial starts from: the defaults, then ``program_file``'s, then those fixed in
+            ``program_kwargs``; the first trial of a new study runs them.
+        searched: The knobs each trial samples, in declaration order; None when the class samples its own
+            search space (``search_space`` overridden, or knobs not declared as :class:`Knobs`).
     """
 
     program: str | type[RAGProgram]
@@ -647,11 +655,15 @@ class TuneConfig:
     run_config: dict[str, Any] | None = None
     progress: bool = False
     tune_retriever: bool = False
+    search: Sequence[str] | None = None
+    program_file: str | os.PathLike[str] | None = None
     cls: type[RAGProgram] = field(init=False)
     task: str = field(init=False)
     quality: str = field(init=False)
     examples: list[dspy.Example] = field(init=False)
     fusion: Any = field(init=False, default=None)
+    base_knobs: dict[str, Any] = field(init=False)
+    searched: list[str] | None = field(init=False)
 
     def __post_init__(self) -> None:
         from ragsuite.data.datasets import get_dataset_info
@@ -665,6 +677,11 @@ class TuneConfig:
         if not self.valset:
             raise ConfigError("the validation set is empty")
         _check_compile(self.compile, each=self.compile_each, trainset=self.trainset)
+        if self.program_file is not None and self.compile is not None:
+            raise ConfigError(
+                "a program file's trials keep its prompts and demos, which compiling would replace: tune the "
+                "program by name to compile after the search"
+            )
         info = get_dataset_info(self.dataset)
         self.task = info.task
         self.quality = self.quality_metric or optimization_metric(self.dataset)
@@ -679,6 +696,8 @@ class TuneConfig:
             self.evaluate_fn = evaluate
         self.out_dir = Path(self.out_dir).expanduser() if self.out_dir is not None else None
         self.program_kwargs = dict(self.program_kwargs or {})
+        self.base_knobs = self._base_knobs()
+        self.searched = self._searched()
         self.study_name = self.study_name or f"{self.cls.name}-{self.dataset}-{'+'.join(self.objectives)}"
         if self.prune and self.pruner is None:
             self.pruner = optuna.pruners.MedianPruner(n_startup_trials=3)
@@ -689,6 +708,58 @@ class TuneConfig:
             from ragsuite.retrieval.hybrid import FusionSearch
 
             self.fusion = FusionSearch(self.retriever)  # a hybrid's weights, rrf_k, norm, depth as knobs
+
+    def _declared(self) -> Knobs | None:
+        """The class's declared knobs, when the tuner samples them (the class does not sample its own)."""
+        from ragsuite.programs.base import RAGProgram
+        from ragsuite.programs.knobs import Knobs
+
+        own_space = self.cls.search_space.__func__ is not RAGProgram.search_space.__func__  # type: ignore[attr-defined]
+        return self.cls.KNOBS if isinstance(self.cls.KNOBS, Knobs) and not own_space else None
+
+    def _fixed(self) -> list[str]:
+        """The knobs ``program_kwargs`` fixes for every trial."""
+        return [name for name in self.program_kwargs or {} if name in self.cls.KNOBS]
+
+    def _base_knobs(self) -> dict[str, Any]:
+        base = self.cls.default_knobs()
+        if self.program_file is not None:
+            from ragsuite.programs.program_file import load_program
+
+            # Checked whole here (class, knobs, demos), before any trial runs.
+            saved = load_program(self.program_file, rebuild_retriever=False)
+            if saved.name != self.cls.name:
+                raise ConfigError(f"{self.program_file} holds program {saved.name!r}, not {self.cls.name!r}")
+            base.update(saved.knobs())
+        base.update({name: self.program_kwargs[name] for name in self._fixed()})  # type: ignore[index]
+        return base
+
+    def _searched(self) -> list[str] | None:
+        declared, fixed = self._declared(), self._fixed()
+        if declared is None:
+            if self.search is not None or fixed:
+                raise ConfigError(
+                    f"{self.cls.__name__} samples its own search space (search_space), so no knob can be "
+                    "fixed or chosen for the search; declare its knobs as Knobs"
+                )
+            return None
+        names = list(self.search) if self.search is not None else declared.searched()
+        declared.refuse_unknown(names, program=self.cls.name)
+        unsearchable = [name for name in names if declared[name].search is None]
+        if unsearchable:
+            raise ConfigError(
+                f"knob {unsearchable[0]!r} of {self.cls.name} has no search space; the knobs with one: "
+                f"{', '.join(declared.searched())}"
+            )
+        both = [name for name in fixed if self.search is not None and name in names]
+        if both:
+            raise ConfigError(f"knob {both[0]!r} is both fixed and searched: give it one way")
+        chosen = [name for name in declared.searched() if name in names and name not in fixed]
+        if not chosen and not self.tune_retriever:
+            raise ConfigError(
+                f"nothing is left to search: every knob of {self.cls.name} with a search space is fixed"
+            )
+        return chosen
 
     @property
     def out(self) -> Path | None:
@@ -716,6 +787,14 @@ class TuneConfig:
         """The LM trials run with: ``lm``, else the one in effect."""
         return self.lm if self.lm is not None else dspy.settings.lm
 
+    def program_file_sha256(self) -> str | None:
+        """The SHA-256 of ``program_file``'s bytes: a resume with another file is another study."""
+        if self.program_file is None:
+            return None
+        from ragsuite.data.datasets import file_sha256
+
+        return file_sha256(self.program_file)
+
     def study_config(self) -> dict[str, Any]:
         """What defines the study, stored with it and compared when it is resumed (JSON, credentials
         masked)."""
@@ -741,6 +820,8 @@ class TuneConfig:
                 "retriever": _retriever_config(self.retriever),
                 "compile": {"optimizer": self.compile, "each": self.compile_each} if self.compile else None,
                 **({"tune_retriever": True} if self.tune_retriever else {}),
+                **({"search": list(self.searched)} if self.search is not None else {}),
+                **({"program_file": self.program_file_sha256()} if self.program_file is not None else {}),
                 **(self.run_config or {}),
             }
         )
@@ -750,7 +831,7 @@ class TuneConfig:
 def open_study(config: TuneConfig) -> optuna.Study:
     """Create the study, or resume it: check that it was run with the same configuration, fail the trials
     dead workers on this host left running, reseed the sampler past the trials it holds, and queue the
-    program's defaults as the first trial of a new study."""
+    program's defaults (or the program file's knobs) as the first trial of a new study."""
     if config.out is not None:
         config.out.mkdir(parents=True, exist_ok=True)
     backing = resolve_storage(config.storage, config.out)
@@ -776,13 +857,15 @@ def open_study(config: TuneConfig) -> optuna.Study:
         )
     with _exclusive(_local_storage_file(backing, config.storage)):  # workers starting together see it empty
         if not study.trials:
-            defaults = {
+            start = {
                 k: v
-                for k, v in config.cls.default_knobs().items()
-                if isinstance(v, (bool, int, float, str)) and k not in (config.program_kwargs or {})
+                for k, v in config.base_knobs.items()
+                if isinstance(v, (bool, int, float, str))
+                and k not in (config.program_kwargs or {})
+                and (config.searched is None or k in config.searched)
             }
-            defaults.update(config.fusion.defaults() if config.fusion is not None else {})
-            study.enqueue_trial(defaults, skip_if_exists=True)
+            start.update(config.fusion.defaults() if config.fusion is not None else {})
+            study.enqueue_trial(start, skip_if_exists=True)
     return study
 
 
@@ -832,7 +915,7 @@ class TrialPrograms:
 
     def build(self, knobs: dict[str, Any], retriever: Retriever | None = None) -> RAGProgram:
         """The program with ``knobs`` and the fixed constructor arguments (and ``retriever``, a trial's
-        tuned one, instead of the run's)."""
+        tuned one, instead of the run's): built new, or ``program_file``'s with its prompts and demos."""
         config = self.config
         retriever = retriever if retriever is not None else config.retriever
         try:
@@ -841,7 +924,15 @@ class TrialPrograms:
                 k: copy.deepcopy(v) if isinstance(v, dspy.Module) else v
                 for k, v in (config.program_kwargs or {}).items()
             }
-            built = config.cls(retriever=retriever, task=config.task, **own, **knobs)
+            if config.program_file is not None:
+                from ragsuite.programs.program_file import load_program
+
+                built = load_program(
+                    config.program_file, retriever=retriever, rebuild_retriever=False, task=config.task,
+                    **own, **knobs,
+                )  # fmt: skip
+            else:
+                built = config.cls(retriever=retriever, task=config.task, **own, **knobs)
         except TypeError as exc:
             raise ConfigError(f"cannot build {config.cls.name} with knobs {knobs}: {exc}") from exc
         return self._with_stage_lms(built)
@@ -914,7 +1005,11 @@ class TrialObjective:
 
     def sample_knobs(self, trial: optuna.Trial) -> dict[str, Any]:
         """The search space: the knobs this trial tries."""
-        knobs = self.config.cls.search_space(trial)
+        config = self.config
+        if config.searched is not None:
+            space = config.cls.KNOBS.tuned(*config.searched)  # type: ignore[union-attr]  # declared Knobs
+            return space.suggest(trial, base=config.base_knobs)
+        knobs = config.cls.search_space(trial)
         if not isinstance(knobs, dict) or not knobs:
             raise ConfigError(
                 f"{self.config.cls.__name__}.search_space must return a non-empty dict of knobs"
@@ -1017,6 +1112,11 @@ def chosen_program(config: TuneConfig, programs: TrialPrograms, chosen: FrozenTr
 def tuning_metadata(config: TuneConfig, chosen: FrozenTrial, final: ChosenProgram) -> dict[str, Any]:
     """What the program file records of the search: the written program's scores and the study."""
     storage = redact_storage(config.storage) if config.storage else None
+    started_from = (
+        {"file": Path(config.program_file).name, "sha256": config.program_file_sha256()}
+        if config.program_file is not None
+        else None
+    )
     return {
         "metrics": final.metrics,
         "cost": final.cost,
@@ -1034,6 +1134,8 @@ def tuning_metadata(config: TuneConfig, chosen: FrozenTrial, final: ChosenProgra
             "seed": config.seed,
             "compile": config.compile,
             "compile_each": config.compile_each,
+            "searched": list(config.searched) if config.searched is not None else None,
+            **({"started_from": started_from} if started_from is not None else {}),
         },
     }
 
@@ -1130,6 +1232,8 @@ def tune(
     run_config: dict[str, Any] | None = None,
     progress: bool = False,
     tune_retriever: bool = False,
+    search: Sequence[str] | None = None,
+    program_file: str | os.PathLike[str] | None = None,
 ) -> TuneResult:
     """Search a program's knobs with Optuna; write the chosen program as a program file.
 
@@ -1167,7 +1271,7 @@ def tune(
         compile_options: Extra options for ``compile_program``.
         teacher_lm: Teacher/reflection LM for compiling.
         pick: Write this trial (number) instead of the best one, e.g. a chosen Pareto point.
-        program_kwargs: Fixed constructor arguments for every trial (not tuned).
+        program_kwargs: Fixed constructor arguments for every trial: stages, and knobs left out of the search.
         stage_lms: Per-stage LMs (``{"route": small_lm}``) given to every trial's program.
         evaluate_fn: Replacement for :func:`ragsuite.evaluation.evaluate` (same signature and result).
         run_config: Further settings that define the study (e.g. the split seed); stored with it like the
@@ -1177,6 +1281,12 @@ def tune(
         tune_retriever: Also search the hybrid ``retriever``'s fusion weights, ``rrf_k``, ``norm`` and
             ``depth`` (:class:`~ragsuite.retrieval.hybrid.FusionSearch`); each trial's program retrieves
             through its own fusion, and the written program keeps the chosen one.
+        search: The knobs to search (default: every knob with a search space). Knobs given in
+            ``program_kwargs`` are fixed and never searched.
+        program_file: A saved program (a compiled one) every trial starts from: its prompts, demos and
+            knobs, the trial's knobs replacing its own. The first trial runs the file's knobs; the written
+            program keeps the file's metadata (the examples its compile saw among them). Not with
+            ``compile``.
 
     Returns:
         :class:`TuneResult`.
@@ -1216,5 +1326,7 @@ def tune(
         run_config=run_config,
         progress=progress,
         tune_retriever=tune_retriever,
+        search=search,
+        program_file=program_file,
     )
     return run_tuning(config)

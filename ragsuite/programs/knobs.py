@@ -317,10 +317,17 @@ class Knobs(Mapping[str, Knob]):
         """The knobs with a search space, in order."""
         return [name for name, knob in self._knobs.items() if knob.search is not None]
 
-    def suggest(self, trial: Any) -> dict[str, Any]:
+    def suggest(self, trial: Any, *, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Sample the searched knobs from an Optuna ``trial``, in declaration order; a knob whose bound or
         condition names another searched knob waits for it. A knob whose ``when`` does not hold is left out
-        (the program then takes its default)."""
+        (the program then takes its base value).
+
+        Args:
+            trial: The Optuna trial.
+            base: The values of the knobs not sampled, which bounds and conditions read (a program file's
+                knobs, fixed ones); default: their defaults.
+        """
+        start = {name: knob.default for name, knob in self._knobs.items()} | dict(base or {})
         values: dict[str, Any] = {}
         pending = self.searched()
         while pending:
@@ -329,7 +336,7 @@ class Knobs(Mapping[str, Knob]):
             pending.remove(ready)
             knob = self._knobs[ready]
             assert knob.search is not None
-            current = {name: values.get(name, self._knobs[name].default) for name in self._knobs}
+            current = {name: values.get(name, start[name]) for name in self._knobs}
             if all(current[k] == v for k, v in knob.search.when.items()):
                 values[ready] = knob.search.suggest(trial, ready, current)
         return {name: values[name] for name in self._knobs if name in values}

@@ -26,6 +26,7 @@ from typing import Any
 import dspy
 
 from ragsuite.programs.base import _REGISTRY, RAGProgram, register
+from ragsuite.programs.knobs import Ints, Knobs, OneOf, integer
 from ragsuite.retrieval.base import Passage
 from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
@@ -120,6 +121,22 @@ class ToyProgram(RAGProgram):
             notes=notes,
         )
         return self.finish(ledger, pred.answer, passages)
+
+
+class KnobbedToy(ToyProgram):
+    """The toy program with its knobs declared as :class:`~ragsuite.programs.knobs.Knobs` (the same search
+    space), so that a tuning run can fix knobs, narrow the search or start from a program file."""
+
+    name = "toy-knobs"
+    KNOBS = Knobs(
+        integer("top_k", 3, minimum=1, search=OneOf((1, 3, 5, 7)), help="passages retrieved"),
+        integer("max_step", 1, minimum=1, search=Ints(1, 3), help="note steps"),
+    )
+
+    search_space = RAGProgram.__dict__["search_space"]
+
+    def __init__(self, *, retriever: Any = None, task: str = "short", **knobs: Any) -> None:
+        super().__init__(retriever=retriever, task=task, **self.KNOBS.check(knobs, program=self.name))
 
 
 class NoSpaceProgram(ToyProgram):
@@ -258,10 +275,13 @@ def run_worker(storage: str, seed: int, trials: int, barrier: str = "", workers:
 
 @contextlib.contextmanager
 def registered() -> Iterator[None]:
-    """Register :class:`ToyProgram` for the duration (program files name registered programs only), then
-    remove it, so the registry holds the shipped programs alone again."""
-    register(ToyProgram)
+    """Register :class:`ToyProgram` and :class:`KnobbedToy` for the duration (program files name registered
+    programs only), then remove them, so the registry holds the shipped programs alone again."""
+    toys = (ToyProgram, KnobbedToy)
+    for toy in toys:
+        register(toy)
     try:
         yield
     finally:
-        _REGISTRY.pop(ToyProgram.name, None)
+        for toy in toys:
+            _REGISTRY.pop(toy.name, None)

@@ -317,3 +317,14 @@ def test_the_program_file_is_read_once_and_its_class_looked_up_once(tmp_path, tu
     program, _ = build_program(args, "long")
     assert program.knobs() == {"top_k": 4}
     assert len(reads) == 1 and lookups == ["vanilla"]
+
+
+def test_a_program_tuned_again_holds_out_what_its_file_held_out_and_a_corrupt_holdout_adds_nothing():
+    from ragsuite.cli.args import with_earlier_holdout
+
+    new = {"holdout": {"dataset": "hotpotqa", "train_ids": [], "val_ids": ["v1", "v2"]}}
+    earlier = {"holdout": {"train_ids": ["t1", 7, None, True, ["x"]], "val_ids": ["v1"]}}
+    merged = with_earlier_holdout(earlier, new)
+    assert merged == {"holdout": {"dataset": "hotpotqa", "train_ids": ["t1", "7"], "val_ids": ["v1", "v2"]}}
+    assert with_earlier_holdout({"holdout": "garbage"}, new) == new
+    assert with_earlier_holdout({"holdout": {"train_ids": "t1"}}, new) == new

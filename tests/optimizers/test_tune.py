@@ -224,6 +224,83 @@ def test_cli_tune_then_eval_the_written_program(tmp_path, capsys, eval_args):
         assert manifest["knobs"] == saved["knobs"]
 
 
+def test_a_compiled_program_file_is_tuned_with_its_demos_over_the_knobs_searched(tmp_path):
+    import dspy
+
+    from ragsuite.evaluation import evaluate
+    from ragsuite.programs.program_file import save_program
+
+    compiled = toys.KnobbedToy(retriever=toys.ToyRetriever(), top_k=5)
+    compiled.hop.demos = [dspy.Example(question="Which demo?", note="DEMO NOTE").with_inputs("question")]
+    holdout = {"holdout": {"train_ids": ["q7"], "val_ids": ["q6"]}}
+    path = save_program(compiled, tmp_path / "compiled.json", metadata=holdout)
+    seen = []
+
+    def recording(program, examples, **kwargs):
+        seen.append((program.knobs(), [demo["note"] for demo in program.hop.demos]))
+        return evaluate(program, examples, **kwargs)
+
+    result = _tune(
+        tmp_path / "tune", program=toys.KnobbedToy, program_file=path, search=["max_step"], trials=5,
+        evaluate_fn=recording,
+    )  # fmt: skip
+    assert seen[0] == ({"top_k": 5, "max_step": 1}, ["DEMO NOTE"])  # the file's knobs first
+    assert all(knobs["top_k"] == 5 and notes == ["DEMO NOTE"] for knobs, notes in seen)
+    assert all(set(t.params) == {"max_step"} for t in result.study.trials)
+    assert result.knobs == {"max_step": 2} and result.trial.values == [1.0]
+    saved = json.loads(result.files["program"].read_text())
+    assert saved["knobs"] == {"top_k": 5, "max_step": 2}
+    assert [demo["note"] for demo in saved["predictors"]["hop"]["demos"]] == ["DEMO NOTE"]
+    assert saved["metadata"]["holdout"] == holdout["holdout"]  # the compile's examples stay held out
+    assert saved["metadata"]["tuning"]["searched"] == ["max_step"]
+    assert saved["metadata"]["tuning"]["started_from"]["file"] == "compiled.json"
+    loaded = ragsuite.load(str(result.files["program"]), retriever=toys.ToyRetriever())
+    with dspy.context(lm=toys.scripted_lm()):
+        assert loaded(question=toys.question(1)).answer == "Answer1"
+
+
+@pytest.mark.slow
+def test_cli_tunes_a_compiled_program_file_keeping_its_demos_and_what_it_held_out(tmp_path, capsys):
+    import dspy
+
+    from ragsuite.cli import main
+    from ragsuite.data.datasets import load_dataset
+    from ragsuite.programs.deepnote import DeepNote
+    from ragsuite.programs.program_file import save_program
+    from ragsuite.testing.openai_server import LocalOpenAIServer
+
+    compiled = DeepNote(max_step=2)
+    demo = dspy.Example(question="DEMO QUESTION?", note="A demo note.", answer="DEMO ANSWER")
+    compiled.answer.demos = [demo]
+    path = save_program(
+        compiled, tmp_path / "compiled.json", metadata={"holdout": {"train_ids": ["seen-in-compile"]}}
+    )
+    gold = {ex.question: ex.answers[0] for ex in load_dataset("hotpotqa")}
+    out = tmp_path / "tune"
+    with LocalOpenAIServer(grounded_responder(gold)) as server:
+        code = main([
+            "tune", "--program-file", str(path), "--dataset", "hotpotqa", "--search", "max_step,max_failure",
+            "--set", "top_k=3", "--trials", "2", "--train", "3", "--val", "2", "--threads", "2",
+            "--out", str(out), "--lm", "openai/scripted", "--api-base", server.api_base, "--no-cache",
+        ])  # fmt: skip
+        assert code == 0
+        answers = [r for r in server.requests if "answer" in r.output_fields]
+        assert answers and all("DEMO QUESTION?" in json.dumps(r.messages) for r in answers)
+    study_dir = out / "deepnote-hotpotqa-quality"
+    trials = json.loads((study_dir / "trials.json").read_text())
+    assert trials[0]["knobs"] == {"max_step": 2, "max_failure": 2}  # the file's knobs first
+    assert all(set(t["knobs"]) == {"max_step", "max_failure"} for t in trials)
+    saved = json.loads((study_dir / "best.json").read_text())
+    assert saved["knobs"]["top_k"] == 3
+    assert [demo["answer"] for demo in saved["predictors"]["answer"]["demos"]] == ["DEMO ANSWER"]
+    holdout = saved["metadata"]["holdout"]
+    assert holdout["train_ids"] == ["seen-in-compile"] and len(holdout["val_ids"]) == 2
+    capsys.readouterr()
+    code = main(["tune", "--program", "vanilla", "--program-file", str(path), "--dataset", "hotpotqa",
+                 "--trials", "1", "--out", str(out / "other")])  # fmt: skip
+    assert code == 2 and "compiled.json holds program 'deepnote', not 'vanilla'" in capsys.readouterr().err
+
+
 def test_compile_each_compiles_every_trial_and_keeps_the_chosen_one(tmp_path):
     examples = toys.examples(8)
     result = _tune(

@@ -60,6 +60,21 @@ def fake_result(quality: float, *, n: int = 4, lm_calls: float = 2.0) -> types.S
         ({"compile": "bootstrap"}, "compile needs a trainset"),
         ({"compile_each": True}, "compile_each needs compile=OPTIMIZER"),
         ({"quality_metric": "rouge"}, "quality metric 'rouge' is not one of hotpotqa's metrics"),
+        ({"program": toys.KnobbedToy, "search": ["nope"]}, "program 'toy-knobs' has no knob 'nope'"),
+        ({"search": ["top_k"]}, "samples its own search space"),
+        ({"program_kwargs": {"top_k": 5}}, "samples its own search space"),
+        (
+            {"program": toys.KnobbedToy, "program_kwargs": {"top_k": 5}, "search": ["top_k"]},
+            "knob 'top_k' is both fixed and searched",
+        ),
+        (
+            {"program": toys.KnobbedToy, "program_kwargs": {"top_k": 5, "max_step": 2}},
+            "nothing is left to search: every knob of toy-knobs with a search space is fixed",
+        ),
+        (
+            {"program": "deepnote", "search": ["dedupe_queries"]},
+            "knob 'dedupe_queries' of deepnote has no search space; the knobs with one: top_k, max_step",
+        ),
     ],
 )
 def test_a_configuration_is_refused_before_anything_opens(tmp_path, changes, message):
@@ -90,6 +105,62 @@ def test_the_study_configuration_masks_credentials_and_names_what_defines_it():
     stored = config(None, retriever=ServerRetriever(), run_config={"split_seed": 1}).study_config()
     assert "secret" not in json.dumps(stored) and "timeout" not in stored["retriever"]
     assert stored["program"] == "toy-opt" and stored["valset"]["size"] == 4 and stored["split_seed"] == 1
+
+
+def _saved_toy(path: Any, program: type = toys.KnobbedToy, **knobs: Any) -> Any:
+    from ragsuite.programs.program_file import save_program
+
+    return save_program(program(retriever=toys.ToyRetriever(), **knobs), path)
+
+
+def test_a_program_file_is_checked_before_anything_opens(tmp_path):
+    other = _saved_toy(tmp_path / "other.json", toys.ToyProgram)
+    with pytest.raises(ConfigError, match=r"other\.json holds program 'toy-opt', not 'toy-knobs'"):
+        config(tmp_path / "out", program=toys.KnobbedToy, program_file=other)
+    mine = _saved_toy(tmp_path / "mine.json", top_k=7)
+    with pytest.raises(ConfigError, match="a program file's trials keep its prompts and demos"):
+        config(
+            tmp_path / "out", program=toys.KnobbedToy, program_file=mine, compile="bootstrap",
+            trainset=toys.examples(2),
+        )  # fmt: skip
+    mine.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"mine\.json"):
+        config(tmp_path / "out", program=toys.KnobbedToy, program_file=mine)
+    assert not (tmp_path / "out").exists()
+
+
+def test_fixed_knobs_stay_out_of_the_search_and_every_trial_runs_them(tmp_path):
+    seen: list[dict[str, Any]] = []
+
+    def evaluate(program: Any, examples: list, **kwargs: Any) -> types.SimpleNamespace:
+        seen.append(program.knobs())
+        return fake_result(1.0)
+
+    checked = config(tmp_path, program=toys.KnobbedToy, program_kwargs={"top_k": 7}, evaluate_fn=evaluate)
+    assert checked.searched == ["max_step"] and checked.base_knobs == {"top_k": 7, "max_step": 1}
+    study = open_study(checked)
+    assert [t.system_attrs["fixed_params"] for t in study.trials] == [{"max_step": 1}]
+    run_trials(study, TrialObjective(checked, TrialPrograms(checked)), checked)
+    assert len(seen) == 3 and all(knobs["top_k"] == 7 for knobs in seen)
+    assert all(set(t.params) == {"max_step"} for t in study.trials)
+    assert checked.study_config()["program_kwargs"] == {"top_k": 7}  # a resume with another value is refused
+
+
+def test_a_program_file_is_the_first_trial_and_its_knobs_bound_the_search(tmp_path):
+    path = _saved_toy(tmp_path / "compiled.json", top_k=5, max_step=3)
+    checked = config(tmp_path / "out", program=toys.KnobbedToy, program_file=path, search=["top_k"])
+    assert checked.searched == ["top_k"] and checked.base_knobs == {"top_k": 5, "max_step": 3}
+    assert checked.study_config()["search"] == ["top_k"]
+    digest = checked.study_config()["program_file"]
+    study = open_study(checked)
+    assert [t.system_attrs["fixed_params"] for t in study.trials] == [{"top_k": 5}]
+    _saved_toy(path, top_k=7)  # another file at the same path is another study
+    assert (
+        config(tmp_path / "out", program=toys.KnobbedToy, program_file=path).study_config()["program_file"]
+        != digest
+    )
+    with pytest.raises(ConfigError, match="was run with another configuration"):
+        open_study(config(tmp_path / "out", program=toys.KnobbedToy, program_file=path, search=["top_k"]))
 
 
 # ----------------------------------------------------------------------------------------- the study

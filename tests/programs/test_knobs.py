@@ -83,6 +83,17 @@ def test_search_space_keeps_bounds_and_conditions_between_knobs() -> None:
     assert seen_modes == {"a", "b"}
 
 
+def test_a_narrowed_search_reads_the_bounds_and_conditions_of_the_knobs_it_leaves_out() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    narrowed = TOY.tuned("max_failure", "threshold")
+    drawn = [narrowed.suggest(study.ask(), base={"max_step": 2, "mode": "b"}) for _ in range(30)]
+    assert {k["max_failure"] for k in drawn} == {1, 2}  # bounded by the base max_step, not 3
+    assert all(set(k) == {"max_failure", "threshold"} for k in drawn)  # the base mode lets threshold in
+    assert all("threshold" not in narrowed.suggest(study.ask(), base={"mode": "a"}) for _ in range(5))
+    # Without a base, the defaults bound them, as before.
+    assert max(narrowed.suggest(study.ask())["max_failure"] for _ in range(30)) == 3
+
+
 def test_programs_take_their_knobs_by_name_and_variants_only_override_defaults() -> None:
     deepnote, adaptive = programs.get("deepnote"), programs.get("adaptive-note")
     program = deepnote(max_step=5)
