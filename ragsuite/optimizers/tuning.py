@@ -383,7 +383,7 @@ class _PruneReporter:
 
 
 def summarize_trial(trial: FrozenTrial) -> dict[str, Any]:
-    """A JSON-able view of one trial: number, state, objective values, knobs, metrics, cost."""
+    """A JSON-able view of one trial: number, state, objective values, knobs, metrics, cost, wall seconds."""
     return {
         "number": trial.number,
         "state": trial.state.name,
@@ -393,6 +393,8 @@ def summarize_trial(trial: FrozenTrial) -> dict[str, Any]:
         "cost": trial.user_attrs.get("cost"),
         "asked": trial.user_attrs.get("asked"),
         "errors": trial.user_attrs.get("errors"),
+        # Wall time of a finished trial; replies replayed from the LM cache cost none of it.
+        "seconds": round(trial.duration.total_seconds(), 1) if trial.duration is not None else None,
         "worker": trial.user_attrs.get("worker"),
         "lm_seed": trial.user_attrs.get("lm_seed"),
         **({"pruned_at": trial.user_attrs["pruned_at"]} if "pruned_at" in trial.user_attrs else {}),

@@ -59,6 +59,7 @@ def test_single_objective_finds_the_optimum_defaults_first_and_resumes(tmp_path)
         assert [loaded(question=toys.question(i)).answer for i in range(2)] == ["Answer0", "Answer1"]
     listed = json.loads(result.files["trials"].read_text())
     assert [t["number"] for t in listed] == list(range(16))
+    assert all(isinstance(t["seconds"], float) and t["seconds"] >= 0 for t in listed)  # wall times
 
     # Re-running resumes the same study: only the missing trials run.
     again = _tune(tmp_path, trials=18)
