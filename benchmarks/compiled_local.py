@@ -6,8 +6,9 @@ and with compiled vanilla.
    with one slot and every core (DSPy's BootstrapFewShot runs one question at a time). The program file goes
    to ``OUT/programs/<program>-<dataset>-<optimizer>.json``; a stopped compile resumes from its LM cache
    beside it.
-2. **Score.** The arms (:data:`ARMS`: the first program without its compiled demos, the same file with them,
-   and compiled vanilla) answer the same held-out questions (dev questions outside both slices) of each
+2. **Score.** The arms (:data:`ARMS`: the first program's compiled file, the same file without its demos,
+   compiled vanilla, and, once ``--tuned FILE`` names one, the compiled program with the knobs ``ragsuite
+   tune --program-file`` chose) answer the same held-out questions (dev questions outside both slices) of each
    ``--eval DATASET:N``, in alternating chunks of ``--chunk``
    questions so that every arm sees the same machine. Each finished chunk's records are appended to
    ``OUT/<dataset>.<arm>.records.jsonl.gz`` and its wall time to ``OUT/chunks.jsonl``; a chunk stopped
@@ -22,11 +23,16 @@ Both steps run on one local server with ragsuite's default settings, as ``--lm l
 
 A dataset other than ``--dataset`` runs the same program files: a transfer of the compiled demos.
 
+4. **Tune** (``ragsuite tune --program-file``, run on its own): the compiled program's knobs searched with
+   Optuna on the compile's val slice, its demos kept. ``--report --tune DIR`` renders every trial of the
+   tune's output folder ``DIR`` from its ``trials.json``; ``--docs`` writes it between the
+   ``tune-compiled-local`` markers.
+
 Example:
     python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --train 30 --val 10 \\
         --eval hotpotqa:100 2wikimultihopqa:50 --out benchmarks/results/compiled-local
     python benchmarks/compiled_local.py --out benchmarks/results/compiled-local --report \\
-        --docs docs/local-lm.md
+        --tune benchmarks/results/tune-compiled-local --docs docs/local-lm.md
 """
 
 from __future__ import annotations
@@ -48,33 +54,43 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from real_lm import append_jsonl, read_jsonl, write_between_markers  # noqa: E402
 
-#: The arms, each (label, program, whether its compiled demos are kept); the first is the compiled one the
-#: others are compared with.
+#: The arms, each (label, program, file): ``compiled`` is the compile's program file, ``no-demos`` the same
+#: file without its demos (the uncompiled program), ``tuned`` the compiled file with the knobs a tune chose
+#: (``--tuned``). The first arm is the one the others are compared with. An arm whose file is not there (no
+#: tune yet) is left out: a later arm joins by answering the chunks the others finished.
 ARMS = (
-    ("deepnote compiled", "deepnote", True),
-    ("deepnote", "deepnote", False),
-    ("vanilla compiled", "vanilla", True),
+    ("deepnote compiled", "deepnote", "compiled"),
+    ("deepnote", "deepnote", "no-demos"),
+    ("vanilla compiled", "vanilla", "compiled"),
+    ("deepnote tuned", "deepnote", "tuned"),
 )
+#: How each kind of arm's program file is named after the compiled one.
+FILE_SUFFIX = {"compiled": "", "no-demos": "-no-demos", "tuned": "-tuned"}
 #: The command of the committed run, named in its report.
 COMMAND = (
     "python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --train 30 --val 10 "
     "--max-demos 2 --teacher-lm local:qwen2.5-coder-1.5b-instruct-q4_k_m --teacher-threads 2 "
     "--eval hotpotqa:100 2wikimultihopqa:50 --chunk 4 "
+    "--tuned benchmarks/results/tune-compiled-local/deepnote-hotpotqa-quality+tokens/best.json "
     "--out benchmarks/results/compiled-local"
 )
 SMOKE_BELOW = 30
 
 
-def program_file(out: Path, program: str, args: argparse.Namespace, *, demos: bool = True) -> Path:
-    stem = f"{program}-{args.dataset}-{args.optimizer}"
-    return out / "programs" / (f"{stem}.json" if demos else f"{stem}-no-demos.json")
+def program_file(out: Path, program: str, args: argparse.Namespace, kind: str = "compiled") -> Path:
+    return out / "programs" / f"{program}-{args.dataset}-{args.optimizer}{FILE_SUFFIX[kind]}.json"
+
+
+def present_arms(out: Path, args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The arms whose program file is there."""
+    return [arm for arm in ARMS if program_file(out, arm[1], args, arm[2]).exists()]
 
 
 def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
     """Step 1: compile each program not yet compiled (a stopped compile resumes from its LM cache)."""
     from ragsuite.cli import main as cli
 
-    for program in dict.fromkeys(program for _, program, _ in ARMS):
+    for program in dict.fromkeys(program for _, program, kind in ARMS if kind == "compiled"):
         target = program_file(out, program, args)
         if target.exists():
             continue
@@ -94,13 +110,27 @@ def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
         append_jsonl(out / "compiles.jsonl", [{"program": program, "seconds": seconds}])
         print(f"# compiled {program} in {seconds:.0f} s: {target}", flush=True)
     # A program without its demos: the uncompiled program, with the same held-out questions.
-    for _, program, demos in ARMS:
-        bare = program_file(out, program, args, demos=False)
-        if not demos and not bare.exists():
+    for _, program, kind in ARMS:
+        bare = program_file(out, program, args, "no-demos")
+        if kind == "no-demos" and not bare.exists():
             document = json.loads(program_file(out, program, args).read_text())
             for state in document["predictors"].values():
                 state["demos"] = []
             bare.write_text(json.dumps(document, indent=1))
+
+
+def take_tuned(args: argparse.Namespace, out: Path) -> None:
+    """Keep ``--tuned`` beside the compiled files (the records then name a file of the run folder); refused
+    when the tuned arm already holds another file."""
+    if args.tuned is None:
+        return
+    for _, program, kind in ARMS:
+        if kind != "tuned":
+            continue
+        tuned = program_file(out, program, args, "tuned")
+        if tuned.exists() and tuned.read_bytes() != args.tuned.read_bytes():
+            raise SystemExit(f"{tuned} holds another tuned program than {args.tuned}: use another --out")
+        shutil.copyfile(args.tuned, tuned)
 
 
 def held_out(args: argparse.Namespace, out: Path, dataset: str, limit: int) -> tuple[dict[str, Any], list]:
@@ -112,10 +142,8 @@ def held_out(args: argparse.Namespace, out: Path, dataset: str, limit: int) -> t
 
     examples = load_dataset(dataset, split="dev")
     programs, kept = {}, None
-    for label, program, demos in ARMS:
-        loaded = load_for_data(
-            program_file(out, program, args, demos=demos), dataset=dataset, program=program
-        )
+    for label, program, kind in present_arms(out, args):
+        loaded = load_for_data(program_file(out, program, args, kind), dataset=dataset, program=program)
         programs[label] = loaded.program
         mine, _ = exclude_holdout(loaded.program, examples, allow_overlap=False)
         mine = mine[:limit]
@@ -142,16 +170,17 @@ def score_chunks(args: argparse.Namespace, out: Path, server: Any) -> None:
     from ragsuite.lm import build_lm
 
     done = {(row["dataset"], row["arm"], row["chunk"]) for row in read_jsonl(out / "chunks.jsonl")}
+    arms = present_arms(out, args)
     lms = {
         label: build_lm(args.model, api_base=server.api_base, cache=False, **generation(program))
-        for label, program, _ in ARMS
+        for label, program, _ in arms
     }
     for target in args.eval:
         dataset, limit = target.split(":")
         programs, examples = held_out(args, out, dataset, int(limit))
         for start in range(0, len(examples), args.chunk):
             chunk = examples[start : start + args.chunk]
-            for label, _, _ in ARMS:
+            for label, _, _ in arms:
                 if (dataset, label, start) in done:
                     continue
                 work = out / "work" / dataset / label.replace(" ", "-") / f"chunk-{start:04d}"
@@ -202,12 +231,18 @@ def report(out: Path, *, command: str | None = None) -> str:
         saved = out / "command.txt"
         command = saved.read_text(encoding="utf-8").strip() if saved.exists() else COMMAND
     chunks = read_jsonl(out / "chunks.jsonl")
-    labels = [label for label, _, _ in ARMS]
     lines = [f"Command: `{command}`.", ""]
     demos = demos_per_stage(out)
     if demos:
         lines += ["Demos the compile kept, per stage: " + "; ".join(demos) + ".", ""]
+    tuned = tuned_knobs(out)
+    if tuned:
+        lines += [
+            "The tuned arm is the compiled file with the knobs a tune chose: " + "; ".join(tuned) + ".",
+            "",
+        ]
     for dataset in dict.fromkeys(c["dataset"] for c in chunks):
+        labels = [label for label, _, _ in ARMS if any(c["arm"] == label for c in chunks)]
         # Side by side: the chunks every arm finished, and the questions every arm answered in them.
         starts = set.intersection(*({c["chunk"] for c in chunks if c["dataset"] == dataset and c["arm"] == a}
                                     for a in labels))  # fmt: skip
@@ -247,6 +282,56 @@ def report(out: Path, *, command: str | None = None) -> str:
             lines.append(f"| {first} − {other} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def tune_report(folder: Path) -> str:
+    """Every trial of the ``ragsuite tune`` output ``folder`` (each study folder's ``trials.json``) as one
+    Markdown table: its knobs, validation scores, tokens, LM calls and wall time, the Pareto front and the
+    written trial marked; the command is ``folder/command.txt``'s."""
+    saved = folder / "command.txt"
+    lines = [f"Command: `{saved.read_text(encoding='utf-8').strip()}`." if saved.exists() else "", ""]
+    for trials_file in sorted(folder.glob("*/trials.json")):
+        lines += [*study_table(trials_file.parent), ""]
+    return "\n".join(lines).strip()
+
+
+def study_table(study: Path) -> list[str]:
+    """One tune study's folder (``trials.json``, ``best.json``, ``pareto.json``) as a Markdown table."""
+    from ragsuite.data.datasets import get_dataset_info
+
+    trials = [t for t in json.loads((study / "trials.json").read_text()) if t["state"] == "COMPLETE"]
+    tuning = json.loads((study / "best.json").read_text())["metadata"]["tuning"]
+    pareto = study / "pareto.json"
+    front = {t["number"] for t in json.loads(pareto.read_text())["front"]} if pareto.exists() else set()
+    names = list(dict.fromkeys(["f1", get_dataset_info(tuning["dataset"]).primary_metric, "exact_match"]))
+    knobs = list(dict.fromkeys(k for t in trials for k in t["knobs"]))
+    n = tuning["valset_size"]
+    smoke = f" (a smoke run: fewer than {SMOKE_BELOW} questions decide nothing)" if n < SMOKE_BELOW else ""
+    lines = [
+        f"Study `{tuning['study']}`: {len(trials)} complete trials, each on the same {n} validation "
+        f"questions{smoke}; quality is {tuning['quality_metric']}. Written: trial {tuning['trial']}. "
+        "`*`: on the Pareto front of quality and tokens. A call a trial shares with an earlier one is "
+        "replayed from the tune's LM cache: its tokens count, its time does not.",
+        "",
+        "| trial | " + " | ".join(knobs) + " | " + " | ".join(names)
+        + " | failed | tokens in/out per question | LM calls per question (replayed) | wall s |",
+        "|---" * (len(knobs) + len(names) + 5) + "|",
+    ]  # fmt: skip
+    for t in trials:
+        cost = t.get("cost") or {}
+        written = " (written)" if t["number"] == tuning["trial"] else ""
+        cells = [
+            f"{t['number']}{written}{' *' if t['number'] in front else ''}",
+            *(str(t["knobs"].get(k, "")) for k in knobs),
+        ]
+        cells += [f"{100 * t['metrics'][name]:.1f}" for name in names] + [str(t.get("errors"))]
+        spent = [cost.get("input_tokens"), cost.get("output_tokens")]
+        cells += [f"{spent[0]:,.0f}/{spent[1]:,.0f}" if None not in spent else "–"]
+        calls, replayed = cost.get("lm_calls"), cost.get("cache_hits")
+        cells += [f"{calls:.1f} ({replayed:.1f})" if None not in (calls, replayed) else "–"]
+        cells += [f"{t['seconds']:.0f}" if t.get("seconds") is not None else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def question_scores(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[float]]:
@@ -297,7 +382,7 @@ def demos_per_stage(out: Path) -> list[str]:
     """``program: stage n, ...`` for each compiled program file in ``OUT/programs``."""
     described = []
     for path in sorted((out / "programs").glob("*.json")):
-        if path.stem.endswith("-no-demos"):
+        if path.stem.endswith(("-no-demos", "-tuned")):
             continue
         document = json.loads(path.read_text())
         counts = ", ".join(
@@ -307,6 +392,17 @@ def demos_per_stage(out: Path) -> list[str]:
         described.append(
             f"{document.get('program', path.stem)} ({counts}{f'; teacher {teacher}' if teacher else ''})"
         )
+    return described
+
+
+def tuned_knobs(out: Path) -> list[str]:
+    """``program (knob compiled → tuned, ...)`` for each tuned program file in ``OUT/programs``."""
+    described = []
+    for path in sorted((out / "programs").glob("*-tuned.json")):
+        tuned = json.loads(path.read_text())
+        compiled = json.loads(path.with_name(path.name.replace("-tuned.json", ".json")).read_text())["knobs"]
+        changed = [f"{k} {compiled.get(k)} → {v}" for k, v in tuned["knobs"].items() if compiled.get(k) != v]
+        described.append(f"{tuned['program']} ({', '.join(changed) or 'no knob changed'})")
     return described
 
 
@@ -342,10 +438,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--chunk", type=int, default=4, help="questions per arm before the next arm (default 4)"
     )
+    parser.add_argument(
+        "--tuned", type=Path, metavar="FILE",
+        help="the compiled program tuned by `ragsuite tune --program-file` (its best.json): scored as one "
+        "more arm, from the first chunk on",
+    )  # fmt: skip
     parser.add_argument("--report", action="store_true", help="print the report of --out and run nothing")
     parser.add_argument(
         "--docs", type=Path, help="with --report: also write it between the compiled-local markers"
     )
+    parser.add_argument(
+        "--tune", type=Path, metavar="DIR",
+        help="with --report: also report the trials of this `ragsuite tune --out` folder (and with --docs, "
+        "write them between the tune-compiled-local markers)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.threads = None
     args.max_tokens = None
@@ -354,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         if args.docs:
             write_between_markers(args.docs, "compiled-local", text)
+        if args.tune:
+            tuned = tune_report(args.tune)
+            print(tuned)
+            if args.docs:
+                write_between_markers(args.docs, "tune-compiled-local", tuned)
         return 0
     os.environ["RAGSUITE_DATA"] = str(args.data_dir)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -369,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     server = start_server(args, parallel=None, threads=None)
     try:
         compile_programs(args, args.out, server)
+        take_tuned(args, args.out)
         score_chunks(args, args.out, server)
     finally:
         server.stop()

@@ -38,7 +38,7 @@ def test_records_already_kept_are_not_appended_again(tmp_path: Path, bench) -> N
 
 
 def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_path: Path, bench) -> None:
-    labels = [label for label, _, _ in bench.ARMS]
+    labels = [label for label, _, _ in bench.ARMS[:3]]  # the tuned arm has not run: it is left out
     chunks = [
         {"dataset": "hotpotqa", "arm": label, "chunk": 0, "questions": 2, "wall": wall, "server": {}}
         for label, wall in zip(labels, (100.0, 60.0, 10.0), strict=True)
@@ -85,7 +85,7 @@ def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root)
 
 
 def test_token_counts_missing_from_a_record_are_shown_as_absent_not_zero(tmp_path: Path, bench) -> None:
-    labels = [label for label, _, _ in bench.ARMS]
+    labels = [label for label, _, _ in bench.ARMS]  # every arm, the tuned one included
     chunks = [
         {"dataset": "hotpotqa", "arm": label, "chunk": 0, "questions": 1, "wall": 1.0} for label in labels
     ]
@@ -98,6 +98,7 @@ def test_token_counts_missing_from_a_record_are_shown_as_absent_not_zero(tmp_pat
     rows = {line.split(" | ")[0]: line for line in bench.report(tmp_path, command="c").splitlines()}
     assert rows[f"| {labels[0]}"].endswith("| 0 | 1,000/100 | 1.0 |")
     assert rows[f"| {labels[1]}"].endswith("| 0 | – | 1.0 |")
+    assert rows[f"| {labels[3]}"].endswith("| 0 | 1,000/100 | 1.0 |")  # a fourth arm, once it has run
 
 
 def test_a_stopped_chunk_runs_again_whole_so_its_wall_time_covers_its_questions(
@@ -111,7 +112,8 @@ def test_a_stopped_chunk_runs_again_whole_so_its_wall_time_covers_its_questions(
     import ragsuite.evaluation
     import ragsuite.lm
 
-    labels = [label for label, _, _ in bench.ARMS]
+    arms = bench.ARMS[:3]
+    labels = [label for label, _, _ in arms]
     stopped = tmp_path / "work" / "hotpotqa" / "deepnote-compiled" / "chunk-0000"
     stopped.mkdir(parents=True)
     (stopped / "records.jsonl").write_text(json.dumps(_record("q1", 1.0)) + "\n")  # its first question
@@ -125,6 +127,7 @@ def test_a_stopped_chunk_runs_again_whole_so_its_wall_time_covers_its_questions(
     monkeypatch.setattr(ragsuite.evaluation, "evaluate", evaluate)
     monkeypatch.setattr(ragsuite.lm, "build_lm", lambda *args, **kwargs: None)
     monkeypatch.setattr(bench, "held_out", lambda *args: ({label: None for label in labels}, examples))
+    monkeypatch.setattr(bench, "present_arms", lambda *args: list(arms))
     server = types.SimpleNamespace(
         api_base="http://127.0.0.1:1/v1", settings=types.SimpleNamespace(parallel=2, public=lambda: {})
     )
@@ -132,3 +135,80 @@ def test_a_stopped_chunk_runs_again_whole_so_its_wall_time_covers_its_questions(
     assert found_stale == [False, False, False]  # every arm ran its chunk from the start
     chunks = [json.loads(line) for line in (tmp_path / "chunks.jsonl").read_text().splitlines()]
     assert [(c["arm"], c["questions"]) for c in chunks] == [(label, 2) for label in labels]
+
+
+def test_the_tune_report_shows_every_complete_trial_with_the_front_and_the_written_one(
+    tmp_path: Path, bench
+) -> None:
+    study = tmp_path / "deepnote-hotpotqa-quality+tokens"
+    study.mkdir()
+    trials = [
+        {"number": 0, "state": "COMPLETE", "knobs": {"max_step": 3}, "errors": 0, "seconds": 300.4,
+         "metrics": {"f1": 0.25, "accuracy": 0.2, "exact_match": 0.1},
+         "cost": {"input_tokens": 10000.0, "output_tokens": 400.0, "lm_calls": 8.0, "cache_hits": 2.5}},
+        {"number": 1, "state": "FAIL", "knobs": {"max_step": 5}},
+        {"number": 2, "state": "COMPLETE", "knobs": {"max_step": 1}, "errors": 1, "seconds": 20.0,
+         "metrics": {"f1": 0.3, "accuracy": 0.3, "exact_match": 0.2}, "cost": {"input_tokens": 5000.0}},
+    ]  # fmt: skip
+    (study / "trials.json").write_text(json.dumps(trials))
+    tuning = {
+        "study": study.name,
+        "trial": 2,
+        "dataset": "hotpotqa",
+        "valset_size": 10,
+        "quality_metric": "f1",
+    }
+    (study / "best.json").write_text(json.dumps({"metadata": {"tuning": tuning}}))
+    (study / "pareto.json").write_text(json.dumps({"front": [{"number": 2}]}))
+    (tmp_path / "command.txt").write_text("ragsuite tune --program-file F --out X\n")
+    lines = bench.tune_report(tmp_path).splitlines()
+    assert lines[0] == "Command: `ragsuite tune --program-file F --out X`."
+    assert "2 complete trials, each on the same 10 validation questions (a smoke run" in lines[2]
+    table = [line for line in lines if line.startswith("|")]
+    assert table[0] == (
+        "| trial | max_step | f1 | accuracy | exact_match | failed | tokens in/out per question "
+        "| LM calls per question (replayed) | wall s |"
+    )
+    assert set(table[1]) == set("|-")
+    assert table[2:] == [
+        "| 0 | 3 | 25.0 | 20.0 | 10.0 | 0 | 10,000/400 | 8.0 (2.5) | 300 |",
+        "| 2 (written) * | 1 | 30.0 | 30.0 | 20.0 | 1 | – | – | 20 |",
+    ]
+
+
+def test_a_tuned_arm_joins_once_its_file_is_kept_and_the_report_names_the_knobs_it_changed(
+    tmp_path: Path, bench
+) -> None:
+    import argparse
+
+    args = argparse.Namespace(dataset="hotpotqa", optimizer="bootstrap", tuned=None)
+    compiled = {"program": "deepnote", "knobs": {"top_k": 5, "max_step": 3}, "predictors": {"answer": {}}}
+    (tmp_path / "programs").mkdir()
+    (tmp_path / "programs" / "deepnote-hotpotqa-bootstrap.json").write_text(json.dumps(compiled))
+    assert [label for label, _, _ in bench.present_arms(tmp_path, args)] == ["deepnote compiled"]
+    bench.take_tuned(args, tmp_path)  # no --tuned: nothing kept
+    tuned = tmp_path / "best.json"
+    tuned.write_text(json.dumps({**compiled, "knobs": {"top_k": 5, "max_step": 1}}))
+    args.tuned = tuned
+    bench.take_tuned(args, tmp_path)
+    bench.take_tuned(args, tmp_path)  # the same file again: resumed
+    assert [label for label, _, _ in bench.present_arms(tmp_path, args)] == [
+        "deepnote compiled",
+        "deepnote tuned",
+    ]
+    assert bench.tuned_knobs(tmp_path) == ["deepnote (max_step 3 → 1)"]
+    tuned.write_text(json.dumps({**compiled, "knobs": {"top_k": 3, "max_step": 1}}))
+    with pytest.raises(SystemExit, match="holds another tuned program"):
+        bench.take_tuned(args, tmp_path)  # its records came from the first file
+
+
+def test_the_docs_tune_table_is_the_report_of_the_committed_study(bench, repo_root) -> None:
+    """docs/local-lm.md shows the trials rendered from benchmarks/results/tune-compiled-local, not a paste."""
+    page = (repo_root / "docs" / "local-lm.md").read_text(encoding="utf-8")
+    shown = page.split("<!-- tune-compiled-local:start -->\n", 1)[1].split(
+        "<!-- tune-compiled-local:end -->"
+    )[0]
+    report = bench.tune_report(repo_root / "benchmarks" / "results" / "tune-compiled-local")
+    assert shown.strip() == report, (
+        "rerun: python benchmarks/compiled_local.py --report --tune ... --docs ..."
+    )
