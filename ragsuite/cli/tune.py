@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         mlflow_run(args.mlflow, run_name=run_name, command="tune") as tracking,
     ):
         if tracking is not None:
-            tracking.log_params(_run_params(args, objectives, lm_public, trainset, valset))
+            tracking.log_params(_run_params(args, cls.name, objectives, lm_public, trainset, valset))
             tracking.set_tags({"ragsuite.out": str(args.out.resolve())})
         result = tune(
             cls,
@@ -276,6 +276,7 @@ def _recording(args: argparse.Namespace, lm_public: dict[str, Any]) -> Any:
 
 def _run_params(
     args: argparse.Namespace,
+    program: str,
     objectives: tuple[str, ...],
     lm_public: dict[str, Any],
     trainset: list[Any],
@@ -286,7 +287,7 @@ def _run_params(
     from ragsuite.cli.mlflow_tracking import lm_params
 
     return {
-        "program": _program_name(args),
+        "program": program,
         "program_file": str(args.program_file) if args.program_file else None,
         "search": args.search,
         "set": ",".join(args.set) or None,

@@ -624,6 +624,8 @@ class TuneConfig:
         examples: The validation examples in the order trials score them (seeded shuffle under pruning).
         base_knobs: The knobs a trial starts from: the defaults, then ``program_file``'s, then those fixed in
             ``program_kwargs``; the first trial of a new study runs them.
+        program_file_sha256: The SHA-256 of ``program_file``'s bytes, read once when the run is checked: a
+            resume with another file is another study.
         searched: The knobs each trial samples, in declaration order; None when the class samples its own
             search space (``search_space`` overridden, or knobs not declared as :class:`Knobs`).
     """
@@ -666,6 +668,7 @@ class TuneConfig:
     fusion: Any = field(init=False, default=None)
     base_knobs: dict[str, Any] = field(init=False)
     searched: list[str] | None = field(init=False)
+    program_file_sha256: str | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         from ragsuite.data.datasets import get_dataset_info
@@ -700,6 +703,10 @@ class TuneConfig:
         self.program_kwargs = dict(self.program_kwargs or {})
         self.base_knobs = self._base_knobs()
         self.searched = self._searched()
+        if self.program_file is not None:
+            from ragsuite.data.datasets import file_sha256
+
+            self.program_file_sha256 = file_sha256(self.program_file)
         self.study_name = self.study_name or f"{self.cls.name}-{self.dataset}-{'+'.join(self.objectives)}"
         if self.prune and self.pruner is None:
             self.pruner = optuna.pruners.MedianPruner(n_startup_trials=3)
@@ -789,14 +796,6 @@ class TuneConfig:
         """The LM trials run with: ``lm``, else the one in effect."""
         return self.lm if self.lm is not None else dspy.settings.lm
 
-    def program_file_sha256(self) -> str | None:
-        """The SHA-256 of ``program_file``'s bytes: a resume with another file is another study."""
-        if self.program_file is None:
-            return None
-        from ragsuite.data.datasets import file_sha256
-
-        return file_sha256(self.program_file)
-
     def study_config(self) -> dict[str, Any]:
         """What defines the study, stored with it and compared when it is resumed (JSON, credentials
         masked)."""
@@ -823,7 +822,7 @@ class TuneConfig:
                 "compile": {"optimizer": self.compile, "each": self.compile_each} if self.compile else None,
                 **({"tune_retriever": True} if self.tune_retriever else {}),
                 **({"search": list(self.searched)} if self.search is not None else {}),
-                **({"program_file": self.program_file_sha256()} if self.program_file is not None else {}),
+                **({"program_file": self.program_file_sha256} if self.program_file is not None else {}),
                 **(self.run_config or {}),
             }
         )
@@ -1115,7 +1114,7 @@ def tuning_metadata(config: TuneConfig, chosen: FrozenTrial, final: ChosenProgra
     """What the program file records of the search: the written program's scores and the study."""
     storage = redact_storage(config.storage) if config.storage else None
     started_from = (
-        {"file": Path(config.program_file).name, "sha256": config.program_file_sha256()}
+        {"file": Path(config.program_file).name, "sha256": config.program_file_sha256}
         if config.program_file is not None
         else None
     )
