@@ -21,11 +21,13 @@ the compile's train and val slices) and compares them question by question (pair
 sign-flip p-value).
 
 ``cost``: DeepNote on the same questions with the settings of :data:`COST_ARMS`, "before" (DSPy's JSON
-adapter, two slots on two threads) and "after" (``--lm local`` with no flag), in alternating chunks of
-questions so that both see the same machine. Every LM request (stage, prompt, cached and completion tokens,
-seconds) and every question's record go to ``--out``; the report (``--report``) is rendered from them alone:
-seconds per question side by side, tokens, the share of prompt tokens the server served from its cache, and
-prompt tokens over what the official DeepNote prompts take for the same calls, passages and notes.
+adapter, two slots on two threads) and "after" (``--lm local`` with no flag), and with ``--compiled FILE`` a
+third arm, "compiled" (that program file with "after"'s settings, every arm then on questions the file was
+not compiled or tuned on), in alternating chunks of questions so that all see the same machine. Every LM
+request (stage, prompt, cached and completion tokens, seconds) and every question's record go to ``--out``;
+the report (``--report``) is rendered from them alone: seconds per question side by side, tokens, the share
+of prompt tokens the server served from its cache, and prompt tokens over what the official DeepNote prompts
+take for the same calls, passages and notes.
 
 ``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON
 adapter held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM
@@ -41,6 +43,7 @@ Example:
     python benchmarks/real_lm.py compiled --dataset nq --program vanilla --questions 20
     python benchmarks/real_lm.py adapters --data-dir DATA --questions 2
     python benchmarks/real_lm.py cost --data-dir DATA --questions 10 --out runs/deepnote-cost
+    python benchmarks/real_lm.py cost --data-dir DATA --questions 30 --compiled deepnote.json --out runs/cost
 """
 
 from __future__ import annotations
@@ -448,6 +451,18 @@ COST_ARMS: dict[str, dict[str, Any]] = {
     "before": {"server": {"parallel": 2, "threads": 2}, "adapter": "dspy-json", "knobs": {}},
     "after": {"server": {"parallel": None, "threads": None}, "adapter": None, "knobs": {}},
 }
+#: The third arm, with ``--compiled FILE``: "after"'s settings running that program file (its demos, prompts
+#: and knobs) instead of the program built from its name.
+COMPILED_ARM = "compiled"
+
+
+def cost_arms(compiled: Path | None) -> dict[str, dict[str, Any]]:
+    """:data:`COST_ARMS`, and the compiled arm when ``compiled`` names a program file."""
+    if compiled is None:
+        return dict(COST_ARMS)
+    return {**COST_ARMS, COMPILED_ARM: {**COST_ARMS["after"], "program_file": compiled}}
+
+
 #: Tokens of each official DeepNote/Adaptive-Note prompt template (thunlp/Adaptive-Note, prompts/en at
 #: f8c0652: first_gen_answer, gen_new_query, refine_note, compare, gen_answer) with every {placeholder}
 #: removed, counted with the default model's tokenizer: what an official call costs beyond what fills it.
@@ -564,38 +579,52 @@ def official_prompt_tokens(server: Any, record: dict[str, Any], passages: dict[s
 
 
 def cost(args: argparse.Namespace) -> int:
-    """DeepNote on the same questions under the "before" and "after" settings (:data:`COST_ARMS`), in
-    alternating chunks so that both see the same machine. Writes every LM request and every question's record
-    to ``--out`` (resumable: chunks already there are skipped), then prints :func:`cost_report` of them."""
+    """DeepNote on the same questions under the "before" and "after" settings (:data:`COST_ARMS`), and the
+    ``--compiled`` program file under "after"'s, in alternating chunks so that all see the same machine.
+    With ``--compiled``, the questions are dev questions the file was not compiled or tuned on, for every
+    arm. Writes every LM request and every question's record to ``--out`` (resumable: chunks already there
+    are skipped), then prints :func:`cost_report` of them."""
     import dspy
 
     from ragsuite import programs
+    from ragsuite.cli.args import exclude_holdout
     from ragsuite.data.datasets import load_corpus, load_dataset
     from ragsuite.evaluation import evaluate
     from ragsuite.lm import build_lm
     from ragsuite.programs.base import current_stage
+    from ragsuite.programs.program_file import load_program
     from ragsuite.retrieval.spec import build_retriever
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ["RAGSUITE_DATA"] = str(args.data_dir)
-    examples = load_dataset(args.dataset, split="dev")[args.skip : args.skip + args.questions]
-    passages = {p.id: p for p in load_corpus(args.dataset)}
+    arms = cost_arms(args.compiled)
+    examples = load_dataset(args.dataset, split="dev")
     retriever = build_retriever(f"bm25:{args.dataset}")
+    if args.compiled is not None:
+        compiled = load_program(args.compiled, retriever=retriever)
+        if compiled.name != args.program:
+            raise SystemExit(f"{args.compiled} holds {compiled.name}, not --program {args.program}")
+        examples, _ = exclude_holdout(compiled, examples, allow_overlap=False)
+    examples = examples[args.skip : args.skip + args.questions]
+    passages = {p.id: p for p in load_corpus(args.dataset)}
     done = {(row["arm"], row["chunk"]) for row in read_jsonl(out / "chunks.jsonl")}
     servers = {arm: start_server(args, spec["server"]["parallel"], threads=spec["server"]["threads"])
-               for arm, spec in COST_ARMS.items()}  # fmt: skip
+               for arm, spec in arms.items()}  # fmt: skip
     try:
         for start in range(0, len(examples), args.chunk):
             chunk = examples[start : start + args.chunk]
-            for arm, spec in COST_ARMS.items():
+            for arm, spec in arms.items():
                 if (arm, start) in done:
                     continue
                 server = servers[arm]
                 lm = build_lm(args.model, api_base=server.api_base, cache=False, **generation(args.program))
                 requests: list[dict[str, Any]] = []
                 record_requests(lm, current_stage, requests)
-                program = programs.get(args.program)(retriever=retriever, **spec["knobs"])
+                if spec.get("program_file"):
+                    program = load_program(spec["program_file"], retriever=retriever, **spec["knobs"])
+                else:
+                    program = programs.get(args.program)(retriever=retriever, **spec["knobs"])
                 adapter = {"adapter": dspy.JSONAdapter()} if spec["adapter"] == "dspy-json" else {}
                 started = time.perf_counter()
                 with dspy.context(lm=lm, **adapter):
@@ -610,6 +639,7 @@ def cost(args: argparse.Namespace) -> int:
                 append_jsonl(out / f"{arm}.records.jsonl", result.records)
                 append_jsonl(out / "chunks.jsonl", [{
                     "arm": arm, "chunk": start, "questions": len(chunk), "wall": wall,
+                    "dataset": args.dataset, "program_file": str(spec.get("program_file") or "") or None,
                     "server": server.settings.public(), "official_prompt_tokens": official,
                 }])  # fmt: skip
                 print(f"# {arm}: questions {start + 1}-{start + len(chunk)} in {wall:.0f} s", flush=True)
@@ -630,27 +660,30 @@ def generation(program: str) -> dict[str, Any]:
 
 def cost_report(out: Path, *, command: str = "") -> str:
     """The Markdown report of a ``cost`` run folder, from its records alone: per arm, seconds per question
-    (over the chunks both arms ran, so side by side), prompt and completion tokens per question, the share of
+    (over the chunks every arm ran, so side by side), prompt and completion tokens per question, the share of
     prompt tokens served from the server's cache, prompt tokens over the official prompts' for the same calls,
     and the score with its 95% bootstrap interval; then the same per stage."""
     chunks = read_jsonl(out / "chunks.jsonl")
-    both = {c["chunk"] for c in chunks if c["arm"] == "before"} & {
-        c["chunk"] for c in chunks if c["arm"] == "after"
-    }
-    records = {arm: read_jsonl(out / f"{arm}.records.jsonl") for arm in COST_ARMS}
+    arms = [arm for arm in (*COST_ARMS, COMPILED_ARM) if any(c["arm"] == arm for c in chunks)]
+    shared = set.intersection(*({c["chunk"] for c in chunks if c["arm"] == arm} for arm in arms))
+    records = {arm: read_jsonl(out / f"{arm}.records.jsonl") for arm in arms}
     ids = set.intersection(*({r["id"] for r in rows} for rows in records.values()))
-    if not both or not ids:
-        return "no chunk was run by both arms"
+    if not set(COST_ARMS) <= set(arms) or not shared or not ids:
+        return "no chunk was run by every arm"
     rows, stages = [], []
-    for arm in COST_ARMS:
-        mine = [c for c in chunks if c["arm"] == arm and c["chunk"] in both]
-        requests = [r for r in read_jsonl(out / f"{arm}.requests.jsonl") if r["chunk"] in both]
+    for arm in arms:
+        mine = [c for c in chunks if c["arm"] == arm and c["chunk"] in shared]
+        requests = [r for r in read_jsonl(out / f"{arm}.requests.jsonl") if r["chunk"] in shared]
         rows.append(arm_row(arm, mine, requests, [r for r in records[arm] if r["id"] in ids]))
         stages += stage_rows(arm, requests, questions=rows[-1]["n"])
     n = rows[0]["n"]
     smoke = " (a smoke run: scores on fewer than 30 questions decide nothing)" if n < 30 else ""
+    dataset = chunks[0].get("dataset", "hotpotqa")  # rows written before the field held hotpotqa only
+    compiled = next((c["program_file"] for c in chunks if c["arm"] == COMPILED_ARM), None)
     lines = [
-        f"DeepNote on {n} HotpotQA dev questions, the two settings in alternating chunks of one run{smoke}."
+        f"DeepNote on {n} {dataset} dev questions, the {len(arms)} settings in alternating chunks of one "
+        f"run{smoke}."
+        + (f" compiled: the program file `{compiled}` with after's settings." if compiled else "")
         + (f" Command: `{command}`." if command else ""),
         "",
         "| settings | slots, threads (generate/read) | s/question | prompt tokens/q | served from cache "
@@ -659,10 +692,12 @@ def cost_report(out: Path, *, command: str = "") -> str:
     ]
     for row in rows:
         lines.append("| " + " | ".join(row["cells"]) + " |")
-    ratio = rows[1]["s_per_q"] / rows[0]["s_per_q"]
+    ratios = "; ".join(
+        f"{row['arm']} over before: **{row['s_per_q'] / rows[0]['s_per_q']:.2f}**" for row in rows[1:]
+    )
     lines += [
         "",
-        f"Seconds per question, after over before: **{ratio:.2f}**.",
+        f"Seconds per question, {ratios}.",
         "",
         "| settings | stage | calls/q | prompt tokens/call | served from cache | completion tokens/call "
         "(longest) | request seconds/q |",
@@ -796,6 +831,11 @@ def main(argv: list[str] | None = None) -> int:
         "--chunk", type=int, default=2, help="questions per arm before the other arm runs (default 2)"
     )
     k.add_argument("--out", required=True, help="run folder: records and requests; rerun to resume")
+    k.add_argument(
+        "--compiled", type=Path, metavar="FILE",
+        help="also run this program file (e.g. a compiled DeepNote) with after's settings, as a third arm; "
+        "every arm then answers dev questions the file was not compiled or tuned on",
+    )  # fmt: skip
     k.add_argument("--report", action="store_true", help="print the report of --out and run nothing")
     k.add_argument("--docs", type=Path, help="with --report: also write it between the deepnote-cost markers")
     args = parser.parse_args(argv)

@@ -92,9 +92,45 @@ def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_pat
     assert "| after | note_init | 0.5 | 1,000 | 10% | 50 (50) | 2.5 |" in report
 
 
-def test_a_folder_without_a_chunk_run_by_both_arms_reports_nothing(tmp_path: Path, bench) -> None:
+def test_a_folder_without_a_chunk_run_by_every_arm_reports_nothing(tmp_path: Path, bench) -> None:
     _write(tmp_path, "chunks.jsonl", [{"arm": "before", "chunk": 0, "questions": 2, "wall": 1.0}])
-    assert bench.cost_report(tmp_path) == "no chunk was run by both arms"
+    assert bench.cost_report(tmp_path) == "no chunk was run by every arm"
+    # The compiled arm with "before" alone: "after" is missing, so nothing is compared.
+    _write(tmp_path, "chunks.jsonl", [
+        {"arm": "before", "chunk": 0, "questions": 2, "wall": 1.0},
+        {"arm": "compiled", "chunk": 0, "questions": 2, "wall": 1.0, "program_file": "p.json"},
+    ])  # fmt: skip
+    assert bench.cost_report(tmp_path) == "no chunk was run by every arm"
+
+
+def test_a_compiled_file_is_a_third_arm_with_after_s_settings_and_its_own_ratio(
+    tmp_path: Path, bench
+) -> None:
+    arms = bench.cost_arms(Path("deepnote.json"))
+    assert list(arms) == ["before", "after", "compiled"]
+    assert arms["compiled"]["server"] == arms["after"]["server"] and arms["compiled"]["adapter"] is None
+    assert arms["compiled"]["program_file"] == Path("deepnote.json") and "program_file" not in arms["after"]
+    assert list(bench.cost_arms(None)) == ["before", "after"]
+
+    server = {"parallel": 2, "ctx": 8192, "threads": 1, "batch_threads": 2}
+    walls = {"before": 100.0, "after": 60.0, "compiled": 30.0}
+    _write(tmp_path, "chunks.jsonl", [
+        {"arm": arm, "chunk": 0, "questions": 2, "wall": wall, "server": server, "official_prompt_tokens": [1, 1],
+         "dataset": "2wikimultihopqa", "program_file": "runs/deepnote.json" if arm == "compiled" else None}
+        for arm, wall in walls.items()
+    ])  # fmt: skip
+    for arm in walls:
+        _write(tmp_path, f"{arm}.requests.jsonl", [
+            {"chunk": 0, "stage": "answer", "prompt_tokens": 10, "cached_tokens": 0, "completion_tokens": 1, "seconds": 1.0},
+        ])  # fmt: skip
+        _write(tmp_path, f"{arm}.records.jsonl", [
+            {"id": qid, "metrics": {"accuracy": 1.0, "f1": 1.0}} for qid in ("q1", "q2")
+        ])  # fmt: skip
+    report = bench.cost_report(tmp_path)
+    assert report.startswith("DeepNote on 2 2wikimultihopqa dev questions, the 3 settings")
+    assert "compiled: the program file `runs/deepnote.json` with after's settings." in report
+    assert "after over before: **0.60**; compiled over before: **0.30**" in report
+    assert "| compiled | 2, 1/2 | 15.0 |" in report
 
 
 def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root) -> None:
