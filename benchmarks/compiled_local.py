@@ -1,12 +1,12 @@
 """Programs compiled on the local LM, scored on held-out questions side by side with the uncompiled program
 and with compiled vanilla.
 
-1. **Compile.** ``ragsuite compile`` of each program of ``--compile`` on ``--dataset``'s dev split (its
-   ``--train`` and ``--val`` slices, the same for every program), as a user runs it, against one local server
-   with one slot and every core (DSPy's BootstrapFewShot runs one question at a time). The program file goes
-   to ``OUT/programs/<program>-<dataset>-<optimizer>.json``; a stopped compile resumes from its LM cache
-   beside it.
-2. **Score.** The arms (:data:`ARMS`: the first program's compiled file, the same file without its demos,
+1. **Compile.** ``ragsuite compile`` of ``--program`` (DeepNote by default) and of vanilla on ``--dataset``'s
+   dev split (its ``--train`` and ``--val`` slices, the same for both), as a user runs it, against one local
+   server with one slot and every core (DSPy's BootstrapFewShot runs one question at a time). The program
+   file goes to ``OUT/programs/<program>-<dataset>-<optimizer>.json``; a stopped compile resumes from its LM
+   cache beside it.
+2. **Score.** The arms (:func:`arms_of` ``--program``: its compiled file, the same file without its demos,
    compiled vanilla, and, once ``--tuned FILE`` names one, the compiled program with the knobs ``ragsuite
    tune --program-file`` chose) answer the same held-out questions (dev questions outside both slices) of each
    ``--eval DATASET:N``, in alternating chunks of ``--chunk``
@@ -54,16 +54,21 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from real_lm import append_jsonl, read_jsonl, write_between_markers  # noqa: E402
 
-#: The arms, each (label, program, file): ``compiled`` is the compile's program file, ``no-demos`` the same
-#: file without its demos (the uncompiled program), ``tuned`` the compiled file with the knobs a tune chose
-#: (``--tuned``). The first arm is the one the others are compared with. An arm whose file is not there (no
-#: tune yet) is left out: a later arm joins by answering the chunks the others finished.
-ARMS = (
-    ("deepnote compiled", "deepnote", "compiled"),
-    ("deepnote", "deepnote", "no-demos"),
-    ("vanilla compiled", "vanilla", "compiled"),
-    ("deepnote tuned", "deepnote", "tuned"),
-)
+
+def arms_of(program: str) -> tuple[tuple[str, str, str], ...]:
+    """The arms of ``--program``, each (label, program, file): ``compiled`` is the compile's program file,
+    ``no-demos`` the same file without its demos (the uncompiled program), ``tuned`` the compiled file with
+    the knobs a tune chose (``--tuned``), and compiled vanilla. The first arm is the one the others are
+    compared with. An arm whose file is not there (no tune yet) is left out: a later arm joins by answering
+    the chunks the others finished."""
+    return (
+        (f"{program} compiled", program, "compiled"),
+        (program, program, "no-demos"),
+        ("vanilla compiled", "vanilla", "compiled"),
+        (f"{program} tuned", program, "tuned"),
+    )
+
+
 #: How each kind of arm's program file is named after the compiled one.
 FILE_SUFFIX = {"compiled": "", "no-demos": "-no-demos", "tuned": "-tuned"}
 #: The command of the committed run, named in its report.
@@ -83,14 +88,14 @@ def program_file(out: Path, program: str, args: argparse.Namespace, kind: str = 
 
 def present_arms(out: Path, args: argparse.Namespace) -> list[tuple[str, str, str]]:
     """The arms whose program file is there."""
-    return [arm for arm in ARMS if program_file(out, arm[1], args, arm[2]).exists()]
+    return [arm for arm in arms_of(args.program) if program_file(out, arm[1], args, arm[2]).exists()]
 
 
 def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
     """Step 1: compile each program not yet compiled (a stopped compile resumes from its LM cache)."""
     from ragsuite.cli import main as cli
 
-    for program in dict.fromkeys(program for _, program, kind in ARMS if kind == "compiled"):
+    for program in dict.fromkeys(program for _, program, kind in arms_of(args.program) if kind == "compiled"):
         target = program_file(out, program, args)
         if target.exists():
             continue
@@ -110,7 +115,7 @@ def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
         append_jsonl(out / "compiles.jsonl", [{"program": program, "seconds": seconds}])
         print(f"# compiled {program} in {seconds:.0f} s: {target}", flush=True)
     # A program without its demos: the uncompiled program, with the same held-out questions.
-    for _, program, kind in ARMS:
+    for _, program, kind in arms_of(args.program):
         bare = program_file(out, program, args, "no-demos")
         if kind == "no-demos" and not bare.exists():
             document = json.loads(program_file(out, program, args).read_text())
@@ -124,7 +129,7 @@ def take_tuned(args: argparse.Namespace, out: Path) -> None:
     when the tuned arm already holds another file."""
     if args.tuned is None:
         return
-    for _, program, kind in ARMS:
+    for _, program, kind in arms_of(args.program):
         if kind != "tuned":
             continue
         tuned = program_file(out, program, args, "tuned")
@@ -242,7 +247,8 @@ def report(out: Path, *, command: str | None = None) -> str:
             "",
         ]
     for dataset in dict.fromkeys(c["dataset"] for c in chunks):
-        labels = [label for label, _, _ in ARMS if any(c["arm"] == label for c in chunks)]
+        # The arms in the order they first ran: the compiled program first, a tuned arm after the others.
+        labels = list(dict.fromkeys(c["arm"] for c in chunks))
         # Side by side: the chunks every arm finished, and the questions every arm answered in them.
         starts = set.intersection(*({c["chunk"] for c in chunks if c["dataset"] == dataset and c["arm"] == a}
                                     for a in labels))  # fmt: skip
@@ -414,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "tests" / "fixtures" / "data")
     parser.add_argument("--model", default="local", help="local, local:NAME or local:PATH (default local)")
     parser.add_argument("--engine", default="auto", choices=("auto", "llama.cpp", "transformers"))
+    parser.add_argument(
+        "--program", default="deepnote", help="the program compiled beside vanilla (default deepnote)"
+    )
     parser.add_argument("--dataset", default="hotpotqa", help="the dataset compiled on (default hotpotqa)")
     parser.add_argument("--optimizer", default="bootstrap", help="ragsuite compile's --optimizer")
     parser.add_argument(

@@ -38,7 +38,7 @@ def test_records_already_kept_are_not_appended_again(tmp_path: Path, bench) -> N
 
 
 def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_path: Path, bench) -> None:
-    labels = [label for label, _, _ in bench.ARMS[:3]]  # the tuned arm has not run: it is left out
+    labels = [label for label, _, _ in bench.arms_of("deepnote")[:3]]  # the tuned arm has not run
     chunks = [
         {"dataset": "hotpotqa", "arm": label, "chunk": 0, "questions": 2, "wall": wall, "server": {}}
         for label, wall in zip(labels, (100.0, 60.0, 10.0), strict=True)
@@ -85,7 +85,7 @@ def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root)
 
 
 def test_token_counts_missing_from_a_record_are_shown_as_absent_not_zero(tmp_path: Path, bench) -> None:
-    labels = [label for label, _, _ in bench.ARMS]  # every arm, the tuned one included
+    labels = [label for label, _, _ in bench.arms_of("deepnote")]  # every arm, the tuned one included
     chunks = [
         {"dataset": "hotpotqa", "arm": label, "chunk": 0, "questions": 1, "wall": 1.0} for label in labels
     ]
@@ -112,7 +112,7 @@ def test_a_stopped_chunk_runs_again_whole_so_its_wall_time_covers_its_questions(
     import ragsuite.evaluation
     import ragsuite.lm
 
-    arms = bench.ARMS[:3]
+    arms = bench.arms_of("deepnote")[:3]
     labels = [label for label, _, _ in arms]
     stopped = tmp_path / "work" / "hotpotqa" / "deepnote-compiled" / "chunk-0000"
     stopped.mkdir(parents=True)
@@ -181,7 +181,7 @@ def test_a_tuned_arm_joins_once_its_file_is_kept_and_the_report_names_the_knobs_
 ) -> None:
     import argparse
 
-    args = argparse.Namespace(dataset="hotpotqa", optimizer="bootstrap", tuned=None)
+    args = argparse.Namespace(program="deepnote", dataset="hotpotqa", optimizer="bootstrap", tuned=None)
     compiled = {"program": "deepnote", "knobs": {"top_k": 5, "max_step": 3}, "predictors": {"answer": {}}}
     (tmp_path / "programs").mkdir()
     (tmp_path / "programs" / "deepnote-hotpotqa-bootstrap.json").write_text(json.dumps(compiled))
@@ -200,6 +200,23 @@ def test_a_tuned_arm_joins_once_its_file_is_kept_and_the_report_names_the_knobs_
     tuned.write_text(json.dumps({**compiled, "knobs": {"top_k": 3, "max_step": 1}}))
     with pytest.raises(SystemExit, match="holds another tuned program"):
         bench.take_tuned(args, tmp_path)  # its records came from the first file
+
+
+def test_another_program_is_compiled_and_scored_beside_compiled_vanilla(tmp_path: Path, bench) -> None:
+    import argparse
+
+    assert bench.arms_of("blendfilter") == (
+        ("blendfilter compiled", "blendfilter", "compiled"),
+        ("blendfilter", "blendfilter", "no-demos"),
+        ("vanilla compiled", "vanilla", "compiled"),
+        ("blendfilter tuned", "blendfilter", "tuned"),
+    )
+    args = argparse.Namespace(program="blendfilter", dataset="nq", optimizer="bootstrap", tuned=None)
+    (tmp_path / "programs").mkdir()
+    for name in ("blendfilter-nq-bootstrap", "vanilla-nq-bootstrap", "deepnote-nq-bootstrap-no-demos"):
+        (tmp_path / "programs" / f"{name}.json").write_text("{}")
+    labels = [label for label, _, _ in bench.present_arms(tmp_path, args)]
+    assert labels == ["blendfilter compiled", "vanilla compiled"]  # another program's file is no arm
 
 
 def test_the_docs_tune_table_is_the_report_of_the_committed_study(bench, repo_root) -> None:
