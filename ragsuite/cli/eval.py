@@ -22,6 +22,8 @@ from ragsuite.cli.help_text import add_stage_argument, program_choices, programs
 from ragsuite.errors import ConfigError, Terminated
 
 log = logging.getLogger("ragsuite.cli.eval")
+#: Where ``--compare-uncompiled`` runs the program file without its demos, inside the run's folder.
+UNCOMPILED = "uncompiled"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--allow-overlap",
         action="store_true",
         help="keep examples the --program-file was compiled/tuned on (left out by default)",
+    )
+    parser.add_argument(
+        "--compare-uncompiled",
+        action="store_true",
+        help="with --program-file: also run the file's program without its demos on the same examples (into "
+        "OUT/uncompiled), then print both scores and their paired difference",
     )
     parser.add_argument("--limit", type=int, help="evaluate the first N (held-out) examples")
     parser.add_argument("--threads", type=int, default=8, help="examples run at once (default 8)")
@@ -138,18 +146,11 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import dspy
 
     from ragsuite import __version__
-    from ragsuite.cli.args import (
-        answer_style,
-        data_source,
-        examples_from_args,
-        exclude_holdout,
-        show_progress,
-    )
+    from ragsuite.cli.args import answer_style, data_source, examples_from_args, exclude_holdout
     from ragsuite.data.datasets import get_dataset_info
-    from ragsuite.evaluation import evaluate, example_id, examples_fingerprint, git_revision, package_versions
+    from ragsuite.evaluation import example_id, examples_fingerprint, git_revision, package_versions
     from ragsuite.evaluation.manifest import program_artifacts
     from ragsuite.lm import set_stage_lms
 
@@ -157,6 +158,9 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("--threads must be >= 1")
     if args.limit is not None and args.limit < 1:
         raise ConfigError("--limit must be >= 1")
+    if args.compare_uncompiled and args.program_file is None:
+        raise ConfigError("--compare-uncompiled compares a program file with itself without its demos: give "
+                          "--program-file FILE")  # fmt: skip
     if args.mlflow is not None:
         from ragsuite.cli.mlflow_tracking import require_mlflow
 
@@ -166,12 +170,14 @@ def _run(args: argparse.Namespace) -> int:
     examples = examples_from_args(args)
     main_lm, stage_lms, lm_public = build_lms(args)
     program, retriever_description = build_program(args, info.task)
+    baseline = build_program(args, info.task)[0] if args.compare_uncompiled else None
     # Held-out examples first, then --limit: the run gets N examples the program has not seen.
     examples, excluded = exclude_holdout(program, examples, allow_overlap=args.allow_overlap)
     if args.limit is not None:
         examples = examples[: args.limit]
-    if stage_lms:
-        set_stage_lms(program, stage_lms)
+    for built in (program, baseline):
+        if stage_lms and built is not None:
+            set_stage_lms(built, stage_lms)
     ids = [example_id(ex, i) for i, ex in enumerate(examples)]
     manifest = {
         "program": program.name,
@@ -193,55 +199,104 @@ def _run(args: argparse.Namespace) -> int:
         "ragsuite_version": __version__,
         "git": git_revision(),
     }
-    from ragsuite.cli.mlflow_tracking import mlflow_run
+    label = program.name + (" (compiled)" if baseline is not None else "")
+    # Each run: its folder, its label in the table, and its result.
+    runs = [(args.out, label, _evaluate(args, main_lm, program, examples, style, args.out, manifest))]
+    if baseline is not None and not runs[0][2].stopped:
+        for _, predictor in baseline.named_predictors():
+            predictor.demos = []
+        folder = args.out / UNCOMPILED
+        bare = {**manifest, "demos": "removed"}
+        runs.append((folder, f"{program.name} (no demos)",
+                     _evaluate(args, main_lm, baseline, examples, style, folder, bare)))  # fmt: skip
+    from ragsuite.evaluation import format_table
 
-    with mlflow_run(args.mlflow, run_name=f"eval {program.name} {style}", command="eval") as tracking:
+    print(format_table([{**result.summary, "program": label} for _, label, result in runs]))
+    if len(runs) == 2:
+        print("\n" + paired_table(args.out, args.out / UNCOMPILED, dataset=style))
+    print()
+    for folder, _, _ in runs:
+        print(f"records: {folder / 'records.jsonl'}  summary: {folder / 'summary.json'}")
+    if args.html is not None:
+        from ragsuite.evaluation import load_run
+        from ragsuite.report_html import write_report
+
+        size = write_report([load_run(folder) for folder, _, _ in runs], args.html)
+        print(f"report: {args.html} ({size / 1e6:.2f} MB)")
+    code = 0
+    for _, _, run in runs:
+        for warning in run.summary["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+        if run.stopped:
+            print(f"stopped early: {run.stopped}", file=sys.stderr)
+            code = 1
+        elif run.errors:
+            print(
+                f"{run.errors} example(s) failed and were recorded; rerun the same command to retry them",
+                file=sys.stderr,
+            )
+            code = 1
+    return code
+
+
+def _evaluate(
+    args: argparse.Namespace,
+    lm: Any,
+    program: Any,
+    examples: list[Any],
+    style: str,
+    out: Path,
+    manifest: dict[str, Any],
+) -> Any:
+    """One run of ``program`` with ``lm`` into ``out``, tracked in MLflow when asked."""
+    import dspy
+
+    from ragsuite.cli.args import show_progress
+    from ragsuite.cli.mlflow_tracking import mlflow_run
+    from ragsuite.evaluation import evaluate
+
+    name = program.name + (" (no demos)" if manifest.get("demos") == "removed" else "")
+    with mlflow_run(args.mlflow, run_name=f"eval {name} {style}", command="eval") as tracking:
         if tracking is not None:
             tracking.log_params(_run_params(manifest, args))
-            tracking.set_tags({"ragsuite.out": str(args.out.resolve())})
+            tracking.set_tags({"ragsuite.out": str(out.resolve())})
         try:
-            with dspy.context(lm=main_lm):
+            with dspy.context(lm=lm):
                 result = evaluate(
                     program,
                     examples,
                     dataset=style,
                     threads=args.threads,
                     engine=args.engine,
-                    out_dir=args.out,
+                    out_dir=out,
                     progress=show_progress(args),
                     max_errors=args.max_errors,
                     manifest=manifest,
                 )
         except KeyboardInterrupt:
             print(
-                f"stopped: the finished examples are kept in {args.out / 'records.jsonl'} and summarized in "
-                f"{args.out / 'summary.json'}; rerun the same command to finish the run",
+                f"stopped: the finished examples are kept in {out / 'records.jsonl'} and summarized in "
+                f"{out / 'summary.json'}; rerun the same command to finish the run",
                 file=sys.stderr,
             )
             raise
         if tracking is not None:
             tracking.log_metrics(summary_metrics(result.summary))
-            for name in ("summary.json", "manifest.json"):
-                tracking.log_artifact(args.out / name, artifact_path="run")
-    from ragsuite.evaluation import format_table
+            for artifact in ("summary.json", "manifest.json"):
+                tracking.log_artifact(out / artifact, artifact_path="run")
+    return result
 
-    print(format_table([result.summary]))
-    print(f"\nrecords: {args.out / 'records.jsonl'}  summary: {args.out / 'summary.json'}")
-    if args.html is not None:
-        from ragsuite.evaluation import load_run
-        from ragsuite.report_html import write_report
 
-        size = write_report([load_run(args.out)], args.html)
-        print(f"report: {args.html} ({size / 1e6:.2f} MB)")
-    for warning in result.summary["warnings"]:
-        print(f"warning: {warning}", file=sys.stderr)
-    if result.stopped:
-        print(f"stopped early: {result.stopped}", file=sys.stderr)
-        return 1
-    if result.errors:
-        print(
-            f"{result.errors} example(s) failed and were recorded; rerun the same command to retry them",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+def paired_table(compiled: Path, uncompiled: Path, *, dataset: str) -> str:
+    """The two runs compared on the questions both scored, per metric of the dataset: each mean, the
+    difference with its paired 95% bootstrap interval and the sign-flip p-value (as ``ragsuite report
+    --paired`` prints it)."""
+    from ragsuite.evaluation import load_run
+    from ragsuite.evaluation.paired import paired_rows
+    from ragsuite.tables import render_table
+
+    rows = [{**load_run(compiled), "program": "compiled"}, {**load_run(uncompiled), "program": "no demos"}]
+    header, lines, notes = paired_rows(rows)
+    if not lines:
+        return "; ".join(notes) or f"no {dataset} question was scored by both runs"
+    return render_table(header, lines)

@@ -57,27 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def scored_questions(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Each finished question's metrics and type, by question id (failed questions are left out, as in the
-    summary's means)."""
-    from ragsuite.evaluation import RECORDS, read_records
-
-    if not (run_dir / RECORDS).is_file():
-        return {}
-    found = read_records(run_dir / RECORDS)
-    return {
-        qid: {"metrics": record["metrics"], "type": record.get("type") or "(no type)"}
-        for qid, record in found.records.items()
-        if not record.get("error") and isinstance(record.get("metrics"), dict)
-    }
-
-
-def _label(row: dict[str, Any]) -> str:
-    return f"{row['program']} [{Path(row['dir']).name}]"
-
-
 def interval_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """One line per run and metric: the mean and its 95% bootstrap interval, in percent."""
+    from ragsuite.evaluation.paired import run_label, scored_questions
     from ragsuite.stats import bootstrap_ci
 
     header = ["run", "dataset", "metric", "n", "mean", "95% CI"]
@@ -87,13 +69,13 @@ def interval_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
         for metric in row.get("metrics") or {}:
             values = [float(q["metrics"].get(metric, 0.0)) for q in scored.values()]
             if not values:
-                lines.append([_label(row), row["dataset"], metric, "0", "–", "–"])
+                lines.append([run_label(row), row["dataset"], metric, "0", "–", "–"])
                 continue
             low, high = bootstrap_ci(values)
             mean = 100 * sum(values) / len(values)
             lines.append(
                 [
-                    _label(row),
+                    run_label(row),
                     row["dataset"],
                     metric,
                     str(len(values)),
@@ -104,45 +86,10 @@ def interval_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
     return header, lines
 
 
-def paired_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]], list[str]]:
-    """Every two runs of the same dataset compared on the questions both scored, metric by metric."""
-    from ragsuite.stats import paired_test
-
-    header = ["A", "B", "metric", "n", "A", "B", "A - B", "95% CI", "p", ""]
-    lines, notes = [], []
-    scored = {row["dir"]: scored_questions(Path(row["dir"])) for row in rows}
-    for i, a in enumerate(rows):
-        for b in rows[i + 1 :]:
-            if a["dataset"] != b["dataset"]:
-                notes.append(f"{_label(a)} and {_label(b)} are on different datasets: not compared")
-                continue
-            common = sorted(scored[a["dir"]].keys() & scored[b["dir"]].keys())
-            if not common:
-                notes.append(f"{_label(a)} and {_label(b)} share no scored question: not compared")
-                continue
-            for metric in a.get("metrics") or {}:
-                xs = [float(scored[a["dir"]][q]["metrics"].get(metric, 0.0)) for q in common]
-                ys = [float(scored[b["dir"]][q]["metrics"].get(metric, 0.0)) for q in common]
-                result = paired_test(xs, ys)
-                lines.append(
-                    [
-                        _label(a),
-                        _label(b),
-                        metric,
-                        str(result.n),
-                        f"{100 * sum(xs) / len(xs):.1f}",
-                        f"{100 * sum(ys) / len(ys):.1f}",
-                        f"{100 * result.difference:+.1f}",
-                        f"[{100 * result.low:+.1f}, {100 * result.high:+.1f}]",
-                        f"{result.p_value:.3f}",
-                        "*" if result.significant else "",
-                    ]
-                )
-    return header, lines, notes
-
-
 def type_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Every metric per question type (bridge/comparison, 2hop/3hop/4hop, ...), in percent."""
+    from ragsuite.evaluation.paired import run_label, scored_questions
+
     metrics: list[str] = []
     for row in rows:
         metrics += [m for m in row.get("metrics") or {} if m not in metrics]
@@ -160,12 +107,13 @@ def type_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
                 else "–"
                 for metric in metrics
             ]
-            lines.append([_label(row), row["dataset"], kind, str(len(group)), *cells])
+            lines.append([run_label(row), row["dataset"], kind, str(len(group)), *cells])
     return header, lines
 
 
 def run(args: argparse.Namespace) -> int:
     from ragsuite.evaluation import format_table, load_run
+    from ragsuite.evaluation.paired import paired_rows
     from ragsuite.report_plots import find_studies
     from ragsuite.tables import parse_markdown, render_table
 
@@ -213,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
 def write_run_pngs(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """``steps-RUN.png`` (steps per scored question) for each run and ``accuracy-vs-cost.png`` (every run's
     primary metric against tokens and LM calls per question) in ``out_dir``."""
+    from ragsuite.evaluation.paired import run_label
     from ragsuite.report_plots import png_histogram, png_scatters, run_scatters, safe_name
 
     written, used = [], set()
@@ -223,8 +172,8 @@ def write_run_pngs(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
             stem, i = f"steps-{name}-{i}", i + 1
         used.add(stem)
         steps = [float(q["stats"].get("steps", 0)) for q in _scored_stats(Path(row["dir"]))]
-        written.append(png_histogram(f"steps per question: {_label(row)}", steps, out_dir / f"{stem}.png"))
-    scatters = run_scatters(rows, [_label(row) for row in rows])
+        written.append(png_histogram(f"steps per question: {run_label(row)}", steps, out_dir / f"{stem}.png"))
+    scatters = run_scatters(rows, [run_label(row) for row in rows])
     written.append(png_scatters(scatters, out_dir / "accuracy-vs-cost.png"))
     return written
 

@@ -19,6 +19,7 @@ The modules, one concern each:
     store      the run directory: manifest check, record log, summary files
     manifest   what defines a run, versions, git revision
     summary    means over the records, the Markdown table
+    paired     runs compared question by question
     progress   the progress bar
 
 Example:

@@ -271,6 +271,51 @@ def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_it
     assert sorted(answered) == sorted([i for i in fixture_ids if i not in seen][:3])  # in completion order
 
 
+def test_compare_uncompiled_runs_the_file_without_its_demos_on_the_same_questions_and_prints_both(
+    tmp_path, data_dir, shipped, capsys
+):
+    """``--compare-uncompiled``: the file's program answers, then the same program without its demos answers
+    the same held-out questions into OUT/uncompiled; both rows and their paired difference are printed, and
+    a rerun resumes both runs without a request."""
+    demos = json.loads(shipped.read_text())["predictors"]["answer"]["demos"]
+
+    def respond(request: ScriptedRequest) -> dict:
+        return {name: "an answer" for name in request.output_fields}
+
+    run = tmp_path / "run"
+    with LocalOpenAIServer(respond) as server:
+        argv = eval_argv(shipped, "nq", data_dir, "--lm", "openai/scripted", "--api-base", server.api_base)
+        argv[argv.index("--out") + 1] = str(run)
+        assert main([*argv, "--limit", "3", "--compare-uncompiled"]) == 0
+        prompts = [json.dumps(request.messages) for request in server.requests]
+        printed = capsys.readouterr().out
+        assert main([*argv, "--limit", "3", "--compare-uncompiled"]) == 0  # resumed: both runs complete
+        assert len(server.requests) == 6
+    with_demos = [p for p in prompts if all(demo["question"] in p for demo in demos)]
+    without = [p for p in prompts if not any(demo["question"] in p for demo in demos)]
+    assert len(with_demos) == 3 and len(without) == 3 and prompts[:3] == with_demos  # the file's run first
+
+    def ids(folder: Path) -> list[str]:
+        return sorted(json.loads(line)["id"] for line in (folder / "records.jsonl").read_text().splitlines())
+
+    assert len(ids(run)) == 3 and ids(run / "uncompiled") == ids(run)
+    assert json.loads((run / "uncompiled" / "manifest.json").read_text())["demos"] == "removed"
+    assert "| vanilla (compiled) | nq |" in printed and "| vanilla (no demos) | nq |" in printed
+    assert "| compiled [run] | no demos [uncompiled] |" in printed  # the paired comparison, per metric
+    assert f"records: {run / 'uncompiled' / 'records.jsonl'}" in printed
+
+
+def test_compare_uncompiled_needs_a_program_file(tmp_path, data_dir, capsys) -> None:
+    argv = ["eval", "--program", "vanilla", "--dataset", "nq", "--data-dir", str(data_dir), "--lm", "local",
+            "--compare-uncompiled", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    assert (
+        "--compare-uncompiled compares a program file with itself without its demos"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "run").exists()
+
+
 # -- one call from Python: ragsuite.load on another dataset -------------------------------------------------
 def test_ragsuite_load_runs_a_saved_program_on_another_dataset_in_one_call(
     tmp_path, tuned_on_hotpotqa, caplog
