@@ -146,7 +146,6 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-
     from ragsuite import __version__
     from ragsuite.cli.args import answer_style, data_source, examples_from_args, exclude_holdout
     from ragsuite.data.datasets import get_dataset_info
@@ -209,11 +208,17 @@ def _run(args: argparse.Namespace) -> int:
         bare = {**manifest, "demos": "removed"}
         runs.append((folder, f"{program.name} (no demos)",
                      _evaluate(args, main_lm, baseline, examples, style, folder, bare)))  # fmt: skip
+    return _show(runs, args, style)
+
+
+def _show(runs: list[tuple[Path, str, Any]], args: argparse.Namespace, style: str) -> int:
+    """Print the runs' table (and, for two, their paired comparison), where their records are, and their
+    warnings; the exit status: 1 when a run stopped early or recorded failed examples."""
     from ragsuite.evaluation import format_table
 
-    print(format_table([{**result.summary, "program": label} for _, label, result in runs]))
+    print(format_table([{**result.summary, "program": name} for _, name, result in runs]))
     if len(runs) == 2:
-        print("\n" + paired_table(args.out, args.out / UNCOMPILED, dataset=style))
+        print("\n" + paired_table(runs[0][0], runs[1][0], dataset=style))
     print()
     for folder, _, _ in runs:
         print(f"records: {folder / 'records.jsonl'}  summary: {folder / 'summary.json'}")
@@ -224,15 +229,15 @@ def _run(args: argparse.Namespace) -> int:
         size = write_report([load_run(folder) for folder, _, _ in runs], args.html)
         print(f"report: {args.html} ({size / 1e6:.2f} MB)")
     code = 0
-    for _, _, run in runs:
-        for warning in run.summary["warnings"]:
+    for _, _, result in runs:
+        for warning in result.summary["warnings"]:
             print(f"warning: {warning}", file=sys.stderr)
-        if run.stopped:
-            print(f"stopped early: {run.stopped}", file=sys.stderr)
+        if result.stopped:
+            print(f"stopped early: {result.stopped}", file=sys.stderr)
             code = 1
-        elif run.errors:
+        elif result.errors:
             print(
-                f"{run.errors} example(s) failed and were recorded; rerun the same command to retry them",
+                f"{result.errors} example(s) failed and were recorded; rerun the same command to retry them",
                 file=sys.stderr,
             )
             code = 1
