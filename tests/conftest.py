@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,11 @@ FIXTURE_DATA = ROOT / "tests" / "fixtures" / "data"
 os.environ["RAGSUITE_DATA"] = str(FIXTURE_DATA)
 # colbert-ai compiles C++ extensions on first use; one cache per virtual environment.
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+# A suite started in the background by a non-interactive shell (`pytest &`) inherits SIGINT ignored, and so
+# would every process a test starts and then interrupts with Ctrl-C: a handler here gives them back the
+# default (a handler does not survive exec; an ignored signal does).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 _KEYS = ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL", "RAGSUITE_LOCAL_API_KEY", "LLAMA_API_KEY")
 for key in _KEYS:
     os.environ.pop(key, None)
