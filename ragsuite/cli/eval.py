@@ -169,14 +169,12 @@ def _run(args: argparse.Namespace) -> int:
     examples = examples_from_args(args)
     main_lm, stage_lms, lm_public = build_lms(args)
     program, retriever_description = build_program(args, info.task)
-    baseline = build_program(args, info.task)[0] if args.compare_uncompiled else None
     # Held-out examples first, then --limit: the run gets N examples the program has not seen.
     examples, excluded = exclude_holdout(program, examples, allow_overlap=args.allow_overlap)
     if args.limit is not None:
         examples = examples[: args.limit]
-    for built in (program, baseline):
-        if stage_lms and built is not None:
-            set_stage_lms(built, stage_lms)
+    if stage_lms:
+        set_stage_lms(program, stage_lms)
     ids = [example_id(ex, i) for i, ex in enumerate(examples)]
     manifest = {
         "program": program.name,
@@ -198,16 +196,16 @@ def _run(args: argparse.Namespace) -> int:
         "ragsuite_version": __version__,
         "git": git_revision(),
     }
-    label = program.name + (" (compiled)" if baseline is not None else "")
+    label = program.name + (" (compiled)" if args.compare_uncompiled else "")
     # Each run: its folder, its label in the table, and its result.
-    runs = [(args.out, label, _evaluate(args, main_lm, program, examples, style, args.out, manifest))]
-    if baseline is not None and not runs[0][2].stopped:
-        for _, predictor in baseline.named_predictors():
+    runs = [(args.out, label, _evaluate(args, main_lm, program, examples, style, args.out, manifest, label))]
+    if args.compare_uncompiled and not runs[0][2].stopped:
+        # The file's run is over: the same program object, without its demos, is the uncompiled program.
+        for _, predictor in program.named_predictors():
             predictor.demos = []
-        folder = args.out / UNCOMPILED
+        folder, label = args.out / UNCOMPILED, f"{program.name} (no demos)"
         bare = {**manifest, "demos": "removed"}
-        runs.append((folder, f"{program.name} (no demos)",
-                     _evaluate(args, main_lm, baseline, examples, style, folder, bare)))  # fmt: skip
+        runs.append((folder, label, _evaluate(args, main_lm, program, examples, style, folder, bare, label)))
     return _show(runs, args, style)
 
 
@@ -252,16 +250,16 @@ def _evaluate(
     style: str,
     out: Path,
     manifest: dict[str, Any],
+    label: str,
 ) -> Any:
-    """One run of ``program`` with ``lm`` into ``out``, tracked in MLflow when asked."""
+    """One run of ``program`` with ``lm`` into ``out``, tracked in MLflow (as ``label``) when asked."""
     import dspy
 
     from ragsuite.cli.args import show_progress
     from ragsuite.cli.mlflow_tracking import mlflow_run
     from ragsuite.evaluation import evaluate
 
-    name = program.name + (" (no demos)" if manifest.get("demos") == "removed" else "")
-    with mlflow_run(args.mlflow, run_name=f"eval {name} {style}", command="eval") as tracking:
+    with mlflow_run(args.mlflow, run_name=f"eval {label} {style}", command="eval") as tracking:
         if tracking is not None:
             tracking.log_params(_run_params(manifest, args))
             tracking.set_tags({"ragsuite.out": str(out.resolve())})
