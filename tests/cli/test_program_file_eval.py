@@ -231,42 +231,63 @@ def test_a_program_on_a_corpus_file_loads_where_the_file_is_now(tmp_path, monkey
 # -- the compiled program shipped for the local LM ----------------------------------------------------------
 
 
+SHIPPED = sorted((Path(__file__).parents[2] / "examples" / "compiled").glob("*.json"))
+
+
 @pytest.fixture(scope="module")
 def shipped(repo_root):
-    """The compiled program file shipped in examples/."""
+    """The compiled vanilla program file shipped in examples/."""
     return repo_root / "examples" / "compiled" / "vanilla-nq-local.json"
 
 
-def test_the_shipped_compiled_program_names_the_default_local_model_and_loads_its_demos(
-    tmp_path, data_dir, shipped
+def stage_replies(request: ScriptedRequest) -> dict:
+    """A well-formed reply for any stage of the shipped programs: DeepNote's loop takes one step and stops."""
+    replies = {"queries": ["a follow-up query"], "better": False}
+    return {name: replies.get(name, "an answer") for name in request.output_fields}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[path.stem for path in SHIPPED])
+def test_each_shipped_compiled_program_names_the_default_local_model_and_its_demos_reach_the_prompts(
+    tmp_path, data_dir, path
 ):
-    """``examples/compiled/vanilla-nq-local.json`` (vanilla with 4 bootstrapped demos, compiled on the
-    packaged 0.5B model; docs/local-lm.md has its before and after) was compiled for the default local model:
-    a change of default must compile it again. Its demos reach every prompt, and eval leaves out the
-    questions it was compiled on."""
+    """Every file in ``examples/compiled`` (docs/local-lm.md has each one's held-out scores) was compiled for
+    the default local model: a change of default must compile it again. Each predictor's demos reach every
+    prompt of that predictor, and eval leaves out the questions the file was compiled on."""
     from ragsuite.local_lm.models import PACKAGED_MODELS
+    from ragsuite.programs.program_file import load_for_data
 
     default = PACKAGED_MODELS[0]
-    document = json.loads(shipped.read_text())
+    document = json.loads(path.read_text())
     assert document["metadata"]["lm"] == f"local/{default.name}-{default.sha256[:12]}"  # the served name
-    demos = document["predictors"]["answer"]["demos"]
-    assert len(demos) == 4
+    dataset = document["metadata"]["dataset"]
+    program = load_for_data(path, dataset=dataset, data_dir=data_dir).program
+    demo_questions = {  # a predictor's output fields -> the questions of its demos
+        tuple(predictor.signature.output_fields): [demo["question"] for demo in predictor.demos]
+        for _, predictor in program.named_predictors()
+    }
+    assert (
+        sum(map(len, demo_questions.values()))
+        == sum(len(state["demos"]) for state in document["predictors"].values())
+        > 0
+    )
     holdout = document["metadata"]["holdout"]
     seen = {*holdout["train_ids"], *holdout["val_ids"]}
-    dev = (data_dir / "nq" / "dev.jsonl").read_text().splitlines()
+    dev = (data_dir / dataset / "dev.jsonl").read_text().splitlines()
     fixture_ids = [json.loads(line)["id"] for line in dev]
 
-    def respond(request: ScriptedRequest) -> dict:
-        return {name: "an answer" for name in request.output_fields}
-
-    with LocalOpenAIServer(respond) as server:
-        argv = eval_argv(shipped, "nq", data_dir, "--lm", "openai/scripted", "--api-base", server.api_base)
+    with LocalOpenAIServer(stage_replies) as server:
+        argv = eval_argv(path, dataset, data_dir, "--lm", "openai/scripted", "--api-base", server.api_base)
         run = tmp_path / "run"
         argv[argv.index("--out") + 1] = str(run)
         assert main([*argv, "--limit", "3"]) == 0
-        prompts = [json.dumps(request.messages) for request in server.requests]
-    assert len(prompts) == 3
-    assert all(all(demo["question"] in prompt for demo in demos) for prompt in prompts)
+        requests = list(server.requests)
+    reached = set()
+    for request in requests:
+        (outputs,) = [o for o in demo_questions if set(o) <= set(request.output_fields)]
+        prompt = json.dumps(request.messages)
+        assert all(question in prompt for question in demo_questions[outputs]), outputs
+        reached.add(outputs)
+    assert reached == {outputs for outputs, questions in demo_questions.items() if questions}
     answered = [json.loads(line)["id"] for line in (run / "records.jsonl").read_text().splitlines()]
     assert sorted(answered) == sorted([i for i in fixture_ids if i not in seen][:3])  # in completion order
 
@@ -302,6 +323,7 @@ def test_compare_uncompiled_runs_the_file_without_its_demos_on_the_same_question
     assert json.loads((run / "uncompiled" / "manifest.json").read_text())["demos"] == "removed"
     assert "| vanilla (compiled) | nq |" in printed and "| vanilla (no demos) | nq |" in printed
     assert "| compiled [run] | no demos [uncompiled] |" in printed  # the paired comparison, per metric
+    assert "| A - B | 95% CI | p | p < 0.05 |" in printed
     assert f"records: {run / 'uncompiled' / 'records.jsonl'}" in printed
 
 
