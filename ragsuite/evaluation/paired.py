@@ -33,7 +33,7 @@ def paired_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]],
     """Every two runs of the same dataset compared on the questions both scored, metric by metric."""
     from ragsuite.stats import paired_test
 
-    header = ["A", "B", "metric", "n", "A", "B", "A - B", "95% CI", "p", ""]
+    header = ["A", "B", "metric", "n", "A", "B", "A - B", "95% CI", "p", "p < 0.05"]
     lines, notes = [], []
     scored = {row["dir"]: scored_questions(Path(row["dir"])) for row in rows}
     for i, a in enumerate(rows):
