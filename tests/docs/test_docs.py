@@ -141,7 +141,10 @@ def set_up_problems(readme: str, ci_script: str) -> list[str]:
     setup = readme.split("## Set up and run", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```(\w+)\n(.*?)\n```", setup, re.DOTALL)
     problems = []
-    for command in ("pip install", "ragsuite serve --local --build", "ragsuite eval --program deepnote"):
+    main_job = (
+        "ragsuite eval --program-file examples/compiled/deepnote-hotpotqa-local.json --compare-uncompiled"
+    )
+    for command in ("pip install", "ragsuite serve --local --build", main_job):
         found = [i for i, (language, code) in enumerate(blocks) if language == "bash" and command in code]
         if not found:
             problems.append(f"no command with {command!r}")
