@@ -509,9 +509,14 @@ def record_requests(lm: Any, stage_of: Any, sink: list[dict[str, Any]]) -> None:
 
 
 def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("a", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row, default=str) + "\n")
+    """Append ``rows`` to ``path``, or to ``path.gz`` as one more gzip member where only that exists (the
+    records as committed), so that a resumed run adds to the rows :func:`read_jsonl` reads."""
+    import gzip
+
+    packed = path.with_name(path.name + ".gz")
+    opened = gzip.open(packed, "at", encoding="utf-8") if packed.exists() and not path.exists() else None
+    with opened or path.open("a", encoding="utf-8") as out:
+        out.writelines(json.dumps(row, default=str) + "\n" for row in rows)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -143,3 +143,17 @@ def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root)
     assert shown == report, (
         "rerun: " + bench.COST_COMMAND.split(" --data-dir")[0] + " --report --out ... --docs ..."
     )
+
+
+def test_a_resumed_run_appends_to_the_committed_gzip_records_rather_than_beside_them(bench, tmp_path) -> None:
+    import gzip
+
+    chunks = tmp_path / "chunks.jsonl"
+    packed = tmp_path / "chunks.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"arm": "before", "chunk": 0}\n'))
+    bench.append_jsonl(chunks, [{"arm": "before", "chunk": 2}])
+    assert not chunks.exists()
+    assert [row["chunk"] for row in bench.read_jsonl(chunks)] == [0, 2]
+    fresh = tmp_path / "fresh.jsonl"
+    bench.append_jsonl(fresh, [{"arm": "after", "chunk": 0}])
+    assert fresh.exists() and bench.read_jsonl(fresh) == [{"arm": "after", "chunk": 0}]
