@@ -514,9 +514,12 @@ def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     import gzip
 
     packed = path.with_name(path.name + ".gz")
-    opened = gzip.open(packed, "at", encoding="utf-8") if packed.exists() and not path.exists() else None
-    with opened or path.open("a", encoding="utf-8") as out:
-        out.writelines(json.dumps(row, default=str) + "\n" for row in rows)
+    if packed.exists() and not path.exists():
+        sink = gzip.open(packed, "at", encoding="utf-8")
+    else:
+        sink = path.open("a", encoding="utf-8")
+    with sink:
+        sink.writelines(json.dumps(row, default=str) + "\n" for row in rows)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
