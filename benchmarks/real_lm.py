@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import re
@@ -511,8 +512,6 @@ def record_requests(lm: Any, stage_of: Any, sink: list[dict[str, Any]]) -> None:
 def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     """Append ``rows`` to ``path``, or to ``path.gz`` as one more gzip member where only that exists (the
     records as committed), so that a resumed run adds to the rows :func:`read_jsonl` reads."""
-    import gzip
-
     packed = path.with_name(path.name + ".gz")
     if packed.exists() and not path.exists():
         sink = gzip.open(packed, "at", encoding="utf-8")
@@ -523,10 +522,11 @@ def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of ``path``, or of ``path.gz`` as committed; none when neither exists."""
-    import gzip
-
+    """The rows of ``path``, or of ``path.gz`` as committed; none when neither exists. Both at once is an
+    error: reading either alone would drop the other's rows from the report."""
     packed = path.with_name(path.name + ".gz")
+    if path.exists() and packed.exists():
+        raise SystemExit(f"both {path} and {packed.name} exist: merge them into one (zcat, gzip) and rerun")
     if not path.exists() and packed.exists():
         return [json.loads(line) for line in gzip.decompress(packed.read_bytes()).decode().splitlines()]
     return (

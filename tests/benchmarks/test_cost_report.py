@@ -157,3 +157,12 @@ def test_a_resumed_run_appends_to_the_committed_gzip_records_rather_than_beside_
     fresh = tmp_path / "fresh.jsonl"
     bench.append_jsonl(fresh, [{"arm": "after", "chunk": 0}])
     assert fresh.exists() and bench.read_jsonl(fresh) == [{"arm": "after", "chunk": 0}]
+
+
+def test_plain_and_gzip_records_side_by_side_are_refused_rather_than_half_read(bench, tmp_path) -> None:
+    import gzip
+
+    (tmp_path / "chunks.jsonl").write_text('{"arm": "before", "chunk": 2}\n')
+    (tmp_path / "chunks.jsonl.gz").write_bytes(gzip.compress(b'{"arm": "before", "chunk": 0}\n'))
+    with pytest.raises(SystemExit, match=r"both .*chunks\.jsonl and chunks\.jsonl\.gz exist"):
+        bench.read_jsonl(tmp_path / "chunks.jsonl")
