@@ -129,17 +129,42 @@ def test_a_compiled_file_is_a_third_arm_with_after_s_settings_and_its_own_ratio(
     report = bench.cost_report(tmp_path)
     assert report.startswith("DeepNote on 2 2wikimultihopqa dev questions, the 3 settings")
     assert "compiled: the program file `runs/deepnote.json` with after's settings." in report
-    assert "after over before: **0.60**; compiled over before: **0.30**" in report
+    # One chunk: each interval is the ratio itself.
+    assert "after over before: **0.60** [0.60, 0.60]; compiled over before: **0.30** [0.30, 0.30]" in report
     assert "| compiled | 2, 1/2 | 15.0 |" in report
 
 
+def test_the_seconds_ratio_s_interval_resamples_chunks_in_pairs(bench) -> None:
+    # 40 s over 50 s; a resample of chunk 0 alone gives 10/20, of chunk 2 alone 30/30.
+    assert bench.wall_ratio_ci({0: 10.0, 2: 30.0}, {0: 20.0, 2: 30.0}) == (0.5, 1.0)
+    # A chunk slow for both settings moves both sums: the ratio holds at 0.5 whatever is resampled.
+    assert bench.wall_ratio_ci({0: 5.0, 2: 500.0}, {0: 10.0, 2: 1000.0}) == (0.5, 0.5)
+
+
+def test_a_report_of_another_folder_does_not_name_the_committed_run_s_command(
+    tmp_path: Path, bench, capsys
+) -> None:
+    server = {"parallel": 2, "ctx": 8192, "threads": 1, "batch_threads": 2}
+    _write(tmp_path, "chunks.jsonl", [
+        {"arm": arm, "chunk": 0, "questions": 1, "wall": 1.0, "server": server, "official_prompt_tokens": [1]}
+        for arm in ("before", "after")
+    ])  # fmt: skip
+    for arm in ("before", "after"):
+        _write(tmp_path, f"{arm}.requests.jsonl", [
+            {"chunk": 0, "stage": "answer", "prompt_tokens": 1, "cached_tokens": 0, "completion_tokens": 1, "seconds": 1.0},
+        ])  # fmt: skip
+        _write(tmp_path, f"{arm}.records.jsonl", [{"id": "q1", "metrics": {"accuracy": 1.0, "f1": 1.0}}])
+    assert bench.main(["cost", "--report", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("DeepNote on 1 hotpotqa dev questions") and "Command:" not in printed
+    assert bench.COST_COMMAND not in printed
+
+
 def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root) -> None:
-    """docs/local-lm.md shows the cost report rendered from benchmarks/results/deepnote-cost, not a paste."""
+    """docs/local-lm.md shows the cost report rendered from the committed records, not a paste."""
     page = (repo_root / "docs" / "local-lm.md").read_text(encoding="utf-8")
     shown = page.split("<!-- deepnote-cost:start -->\n", 1)[1].split("\n<!-- deepnote-cost:end -->", 1)[0]
-    report = bench.cost_report(
-        repo_root / "benchmarks" / "results" / "deepnote-cost", command=bench.COST_COMMAND
-    )
+    report = bench.cost_report(repo_root / bench.COST_OUT, command=bench.COST_COMMAND)
     assert shown == report, (
         "rerun: " + bench.COST_COMMAND.split(" --data-dir")[0] + " --report --out ... --docs ..."
     )
