@@ -678,9 +678,10 @@ def cost_report(out: Path, *, command: str = "") -> str:
     ids = set.intersection(*({r["id"] for r in rows} for rows in records.values()))
     if not set(COST_ARMS) <= set(arms) or not shared or not ids:
         return "no chunk was run by every arm"
-    rows, stages = [], []
+    rows, stages, walls = [], [], {}
     for arm in arms:
         mine = [c for c in chunks if c["arm"] == arm and c["chunk"] in shared]
+        walls[arm] = {c["chunk"]: c["wall"] for c in mine}
         requests = [r for r in read_jsonl(out / f"{arm}.requests.jsonl") if r["chunk"] in shared]
         rows.append(arm_row(arm, mine, requests, [r for r in records[arm] if r["id"] in ids]))
         stages += stage_rows(arm, requests, questions=rows[-1]["n"])
@@ -700,8 +701,6 @@ def cost_report(out: Path, *, command: str = "") -> str:
     ]
     for row in rows:
         lines.append("| " + " | ".join(row["cells"]) + " |")
-    side_by_side = [c for c in chunks if c["chunk"] in shared]
-    walls = {arm: {c["chunk"]: c["wall"] for c in side_by_side if c["arm"] == arm} for arm in arms}
     ratios = "; ".join(
         f"{row['arm']} over before: **{row['s_per_q'] / rows[0]['s_per_q']:.2f}** "
         "[{:.2f}, {:.2f}]".format(*wall_ratio_ci(walls[row["arm"]], walls["before"]))
