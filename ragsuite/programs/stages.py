@@ -43,6 +43,7 @@ from ragsuite.programs.pipeline import (
 from ragsuite.retrieval.base import Passage, query_token_limit
 from ragsuite.signatures.answer import format_passages
 from ragsuite.signatures.blendfilter import BlendQueryExternal, BlendQueryInternal
+from ragsuite.signatures.compact import bounded_reasoning
 from ragsuite.signatures.hanrag import Filter, FilterBatch
 
 logger = logging.getLogger("ragsuite.programs.stages")
@@ -154,7 +155,7 @@ class FilterStage(dspy.Module):
             )
         else:
             # The batch prompt asks to reason passage by passage (BlendFilter's filter prompt): let it.
-            self.batch = dspy.ChainOfThought(FilterBatch)
+            self.batch = dspy.ChainOfThought(FilterBatch, rationale_field=bounded_reasoning())
 
     def describe(self) -> dict[str, Any]:
         """The settings that rebuild this stage (saved in program files)."""
@@ -282,7 +283,11 @@ class BlendStage(dspy.Module):
             raise ConfigError(f"max_query_chars must be an integer >= 1 or None, not {max_query_chars!r}")
         self.which: BlendWhich = which
         self.max_query_chars = max_query_chars
-        self.external = dspy.ChainOfThought(BlendQueryExternal) if which in ("both", "external") else None
+        self.external = (
+            dspy.ChainOfThought(BlendQueryExternal, rationale_field=bounded_reasoning())
+            if which in ("both", "external")
+            else None
+        )
         self.internal = dspy.Predict(BlendQueryInternal) if which in ("both", "internal") else None
 
     def describe(self) -> dict[str, Any]:

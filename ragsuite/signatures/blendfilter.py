@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dspy
 
+from ragsuite.signatures.compact import TEXT_MAX_CHARS, bounded
+
 
 class BlendQueryExternal(dspy.Signature):
     """Answer the question step by step using the retrieved passages: reason about what the passages say
@@ -24,7 +26,9 @@ class BlendQueryExternal(dspy.Signature):
 
     question: str = dspy.InputField()
     passages: list[str] = dspy.InputField(desc="passages retrieved for the question, '[i] title | text'")
-    answer: str = dspy.OutputField(desc="the answer the reasoning leads to")
+    answer: str = bounded(
+        dspy.OutputField(desc="the answer the reasoning leads to"), maxLength=TEXT_MAX_CHARS
+    )
 
 
 class BlendQueryInternal(dspy.Signature):
@@ -33,7 +37,9 @@ class BlendQueryInternal(dspy.Signature):
     response will be used to search for supporting documents, so name the relevant entities explicitly."""
 
     question: str = dspy.InputField()
-    knowledge: str = dspy.OutputField(desc="a detailed response drawn from your own knowledge")
+    knowledge: str = bounded(
+        dspy.OutputField(desc="a detailed response drawn from your own knowledge"), maxLength=TEXT_MAX_CHARS
+    )
 
 
 #: The BlendQuery variants by name.

@@ -73,6 +73,12 @@ def _render(value: Any, field: FieldInfo) -> str:
 #: The key of an output field's ``json_schema_extra`` holding the JSON-schema bounds of its reply.
 REPLY_SCHEMA_KEY = "reply_schema"
 
+#: The longest free text (a note, a chain of thought, generated knowledge) a schema-holding LM may write in
+#: one field, about 500 tokens. What the 0.5B local model writes in earnest runs to 700-1,300 characters; a
+#: reply that reaches this bound is the model repeating a sentence, which would otherwise run to the token
+#: limit (a minute or more of generation on 2 cores) and leave JSON cut mid-string, which no parser reads.
+TEXT_MAX_CHARS = 2000
+
 
 def bounded(field: FieldInfo, **schema: Any) -> FieldInfo:
     """``field`` with JSON-schema bounds (``maxLength=2000``, ``maxItems=2``, ``items={"maxLength": 500}``)
@@ -93,6 +99,20 @@ def bounded(field: FieldInfo, **schema: Any) -> FieldInfo:
     # In place: pydantic rebuilds the field from the attributes it was created with, this dict among them.
     field.json_schema_extra[REPLY_SCHEMA_KEY] = schema
     return field
+
+
+def bounded_reasoning() -> FieldInfo:
+    """The ``reasoning`` field ``dspy.ChainOfThought`` adds, bounded to :data:`TEXT_MAX_CHARS`: pass it as
+    ``rationale_field`` so that a chain of thought that repeats itself still ends as valid JSON, with the
+    answer fields after it.
+
+    Example:
+        >>> import dspy
+        >>> cot = dspy.ChainOfThought("question -> answer", rationale_field=bounded_reasoning())
+        >>> reply_bounds(cot.predict.signature.output_fields["reasoning"])
+        {'maxLength': 2000}
+    """
+    return bounded(dspy.OutputField(desc="${reasoning}"), maxLength=TEXT_MAX_CHARS)
 
 
 def reply_bounds(field: FieldInfo) -> dict[str, Any]:
@@ -157,4 +177,4 @@ class CompactJSONAdapter(dspy.JSONAdapter):
         return "\n\n".join(parts).strip()
 
 
-__all__ = ["CompactJSONAdapter", "bounded", "reply_bounds"]
+__all__ = ["TEXT_MAX_CHARS", "CompactJSONAdapter", "bounded", "bounded_reasoning", "reply_bounds"]

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dspy
 
-from ragsuite.signatures.compact import bounded
+from ragsuite.signatures.compact import TEXT_MAX_CHARS, bounded
 
 #: The longest note a schema-holding LM may write (about 500 tokens): the notes the 0.5B local model writes in
 #: earnest run to 700 characters, and one that reaches this bound is a model repeating itself, which would
 #: otherwise run to the 1,280-token limit (a minute of generation on 2 cores) and leave JSON cut mid-string.
-NOTE_MAX_CHARS = 2000
+NOTE_MAX_CHARS = TEXT_MAX_CHARS
 
 
 class NoteInit(dspy.Signature):
