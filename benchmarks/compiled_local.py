@@ -19,7 +19,8 @@ Both steps run on one local server with ragsuite's default settings, as ``--lm l
 3. **Report** (``--report``): from the records alone, per dataset, each arm's score with its 95% bootstrap
    interval, EM and F1, failures, tokens in/out and seconds per question over the questions every arm
    answered, then the compiled program against each other arm question by question (paired bootstrap
-   interval and sign-flip p-value). ``--docs`` writes it into ``docs/local-lm.md``.
+   interval and sign-flip p-value). ``--docs`` writes it into ``docs/local-lm.md``, between the
+   ``--markers`` pair (``compiled-local``: DeepNote's run; ``compiled-local-blendfilter``: BlendFilter's).
 
 A dataset other than ``--dataset`` runs the same program files: a transfer of the compiled demos.
 
@@ -454,8 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--report", action="store_true", help="print the report of --out and run nothing")
     parser.add_argument(
-        "--docs", type=Path, help="with --report: also write it between the compiled-local markers"
+        "--docs", type=Path, help="with --report: also write it between the --markers of this Markdown file"
     )
+    parser.add_argument(
+        "--markers", default="compiled-local",
+        help="with --docs: the name of the marker pair the report goes between (default compiled-local, "
+        "DeepNote's table; compiled-local-blendfilter is BlendFilter's)",
+    )  # fmt: skip
     parser.add_argument(
         "--tune", type=Path, metavar="DIR",
         help="with --report: also report the trials of this `ragsuite tune --out` folder (and with --docs, "
@@ -468,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         text = report(args.out)
         print(text)
         if args.docs:
-            write_between_markers(args.docs, "compiled-local", text)
+            write_between_markers(args.docs, args.markers, text)
         if args.tune:
             tuned = tune_report(args.tune)
             print(tuned)

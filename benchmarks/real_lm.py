@@ -737,18 +737,14 @@ def write_between_markers(path: Path, name: str, text: str) -> None:
     path.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
 
 
-def wall_ratio_ci(
-    walls: dict[int, float], baseline: dict[int, float], *, resamples: int = 5000, seed: int = 0
-) -> tuple[float, float]:
-    """The percentile bootstrap interval of ``sum(walls) / sum(baseline)``, resampling chunks in pairs: a
-    chunk that ran slow for every setting (a long question, a busy machine) moves both sums together."""
-    import numpy as np
+def wall_ratio_ci(walls: dict[int, float], baseline: dict[int, float]) -> tuple[float, float]:
+    """The 95% bootstrap interval of ``sum(walls) / sum(baseline)`` over the chunks both ran, resampled in
+    pairs (:func:`ragsuite.stats.ratio_of_sums_ci`): a chunk that ran slow for every setting (a long
+    question, a busy machine) moves both sums together."""
+    from ragsuite.stats import ratio_of_sums_ci
 
     keys = sorted(walls)
-    mine, theirs = np.array([walls[k] for k in keys]), np.array([baseline[k] for k in keys])
-    picks = np.random.default_rng(seed).integers(0, len(keys), size=(resamples, len(keys)))
-    ratios = mine[picks].sum(axis=1) / theirs[picks].sum(axis=1)
-    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+    return ratio_of_sums_ci([walls[k] for k in keys], [baseline[k] for k in keys])
 
 
 def arm_row(arm: str, chunks: list[dict], requests: list[dict], records: list[dict]) -> dict[str, Any]:

@@ -1,13 +1,16 @@
 """`ragsuite report` statistics: bootstrap intervals per metric, paired tests between runs on the same
-questions, per-question-type breakdowns, and CSV/LaTeX output."""
+questions, per-question-type breakdowns, and CSV/LaTeX output; the interval of a ratio of paired sums that
+the benchmarks' seconds ratios use."""
 
 from __future__ import annotations
 
 import dspy
+import pytest
 
 from ragsuite.cli import main
 from ragsuite.evaluation import evaluate
 from ragsuite.programs.baselines import NoRetrieval
+from ragsuite.stats import ratio_of_sums_ci
 from ragsuite.testing.scripted import ScriptedLM
 
 N = 60
@@ -72,3 +75,21 @@ def test_report_formats(tmp_path, capsys) -> None:
     assert main(["report", str(run), "--format", "latex", "--ci"]) == 0
     latex = capsys.readouterr().out
     assert latex.count(r"\begin{tabular}") == 2 and r"exact\_match" in latex
+
+
+def test_a_ratio_of_sums_resamples_its_pairs_together() -> None:
+    # 40 over 50; a resample of the first pair alone gives 10/20, of the second alone 30/30.
+    assert ratio_of_sums_ci([10.0, 30.0], [20.0, 30.0]) == (0.5, 1.0)
+    # A pair slow under both settings moves both sums: the ratio holds at 0.5 whatever is resampled.
+    assert ratio_of_sums_ci([5.0, 500.0], [10.0, 1000.0]) == (0.5, 0.5)
+    low, high = ratio_of_sums_ci([1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0], level=0.5)
+    assert 0.25 <= low < 1.0 < high <= 4.0
+
+
+@pytest.mark.parametrize(
+    ("numerators", "denominators", "message"),
+    [([1.0], [1.0, 2.0], "must pair up: 1 vs 2"), ([], [], "no values")],
+)
+def test_a_ratio_of_sums_refuses_unpaired_or_empty_values(numerators, denominators, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        ratio_of_sums_ci(numerators, denominators)

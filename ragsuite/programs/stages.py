@@ -102,7 +102,8 @@ class FilterStage(dspy.Module):
         ``batch``: one :class:`~ragsuite.signatures.hanrag.FilterBatch` call for the whole set, answering
             the numbers of the relevant passages (BlendFilter's prompt); far fewer LM calls. An unparsable
             reply keeps every passage (recorded); numbers outside ``1..len(passages)`` are ignored and listed
-            in the event as ``invalid``.
+            in the event as ``invalid``. Its chain of thought is :func:`bounded_reasoning`: a schema-holding
+            LM ends it at 2,000 characters and still gives the numbers.
 
     Args:
         mode: ``"per_passage"`` or ``"batch"``.
@@ -262,7 +263,9 @@ class BlendStage(dspy.Module):
             (:class:`~ragsuite.signatures.blendfilter.BlendQueryInternal`).
 
     An unparsable reply falls back to an empty generation (recorded), leaving the question itself as the
-    query.
+    query. A schema-holding LM's generated text is bounded (the chain of thought by :func:`bounded_reasoning`,
+    the answer and the knowledge by their signatures' bounds), so that a model repeating itself still
+    replies with valid JSON.
 
     Args:
         which: ``"both"``, ``"external"`` or ``"internal"``.

@@ -76,12 +76,17 @@ def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_
     )
 
 
-def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root) -> None:
-    """docs/local-lm.md shows the report rendered from benchmarks/results/compiled-local, not a paste."""
+@pytest.mark.parametrize("markers", ["compiled-local", "compiled-local-blendfilter"])
+def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root, markers: str) -> None:
+    """docs/local-lm.md shows each held-out report rendered from its committed run folder (named as its
+    markers are), not a paste."""
     page = (repo_root / "docs" / "local-lm.md").read_text(encoding="utf-8")
-    shown = page.split("<!-- compiled-local:start -->\n", 1)[1].split("<!-- compiled-local:end -->", 1)[0]
-    report = bench.report(repo_root / "benchmarks" / "results" / "compiled-local")
-    assert shown.strip() == report, "rerun: python benchmarks/compiled_local.py --out ... --report --docs ..."
+    shown = page.split(f"<!-- {markers}:start -->\n", 1)[1].split(f"<!-- {markers}:end -->", 1)[0]
+    report = bench.report(repo_root / "benchmarks" / "results" / markers)
+    assert shown.strip() == report, (
+        f"rerun: python benchmarks/compiled_local.py --out benchmarks/results/{markers} --report "
+        f"--docs docs/local-lm.md --markers {markers}"
+    )
 
 
 def test_token_counts_missing_from_a_record_are_shown_as_absent_not_zero(tmp_path: Path, bench) -> None:
