@@ -1,10 +1,10 @@
 """Hermetic test settings: no network, no shared caches. Environment is set before DSPy is imported.
 
 Below the settings, the fixtures that tests in more than one folder share: the repository's root, benchmark
-scripts as modules, a tiny dense encoder, a stand-in vLLM, ``ragsuite eval`` command lines against a local
-server, ``ragsuite compile`` command lines on a tiny dataset, and a headless browser. A folder's own helpers
-are fixtures of its ``conftest.py``; no test module imports another module of ``tests/``
-(``tests/test_test_layout.py``).
+scripts as modules, a tiny dense encoder, a stand-in vLLM, the reply schema a schema-holding LM is sent,
+``ragsuite eval`` command lines against a local server, ``ragsuite compile`` command lines on a tiny dataset,
+and a headless browser. A folder's own helpers are fixtures of its ``conftest.py``; no test module imports
+another module of ``tests/`` (``tests/test_test_layout.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 _TMP = Path(tempfile.mkdtemp(prefix="ragsuite-tests-"))
 # litellm otherwise tries to download its model-cost map and stalls offline.
@@ -285,6 +285,26 @@ def eval_args() -> Callable[..., list[str]]:
         ]
 
     return args
+
+
+@pytest.fixture(scope="session")
+def reply_schema() -> Callable[[Any], dict[str, Any]]:
+    """``reply_schema(signature)``: the JSON schema :class:`~ragsuite.signatures.compact.CompactJSONAdapter`
+    sends as ``response_format`` to an LM that holds replies to a schema (as llama-server does)."""
+    import dspy
+
+    from ragsuite.signatures.compact import CompactJSONAdapter
+
+    class SchemaLM(dspy.LM):
+        supported_params = {"response_format"}  # noqa: RUF012
+        supports_response_schema = True
+
+    def schema(signature: Any) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), kwargs, signature)
+        return kwargs["response_format"].model_json_schema()
+
+    return schema
 
 
 @pytest.fixture(scope="session")

@@ -241,29 +241,25 @@ def test_generated_knowledge_fits_colberts_token_window_after_the_question() -> 
     assert whole.startswith(internal) and internal.split() == whole.split()[:32]
 
 
-def test_the_documented_difference_in_free_text_length_holds(tmp_path) -> None:
+def test_the_documented_difference_in_free_text_length_holds(tmp_path, reply_schema) -> None:
     """The module docstring lists the bound on free text for grammar-holding LMs; every free-text output of
     BlendFilter's stages holds it in the reply schema sent, also after the program is saved and loaded, while
     the filter's list of numbers and the final answer are left as they were."""
     import ragsuite
     import ragsuite.programs.blendfilter as module
-    from ragsuite.signatures.compact import TEXT_MAX_CHARS, CompactJSONAdapter, reply_bounds
+    from ragsuite.signatures.compact import TEXT_MAX_CHARS, reply_bounds
 
     assert "``bounded_reasoning``" in module.__doc__ and "``BlendQueryInternal.knowledge``" in module.__doc__
     assert f"``TEXT_MAX_CHARS`` ({TEXT_MAX_CHARS:,})" in module.__doc__
 
-    class SchemaLM(dspy.LM):
-        supported_params = {"response_format"}  # noqa: RUF012
-        supports_response_schema = True
-
     def schema_bounds(program) -> dict[str, dict[str, int]]:
-        bounds = {}
-        for name, predictor in program.named_predictors():
-            kwargs: dict[str, object] = {}
-            CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), kwargs, predictor.signature)
-            properties = kwargs["response_format"].model_json_schema()["properties"]
-            bounds[name] = {field: spec.get("maxLength") for field, spec in properties.items()}
-        return bounds
+        return {
+            name: {
+                field: spec.get("maxLength")
+                for field, spec in reply_schema(predictor.signature)["properties"].items()
+            }
+            for name, predictor in program.named_predictors()
+        }
 
     bounded_text = {
         "blend_external.external.predict": {"reasoning": TEXT_MAX_CHARS, "answer": TEXT_MAX_CHARS},

@@ -80,25 +80,16 @@ def test_a_scripted_run_parses_through_the_compact_adapter() -> None:
     assert "Reply with a JSON object" in sent and "[[ ##" not in sent
 
 
-def test_a_schema_holding_lm_is_held_to_the_signature_s_reply_bounds() -> None:
+def test_a_schema_holding_lm_is_held_to_the_signature_s_reply_bounds(reply_schema) -> None:
     """QueryRefine's reply schema asks for at most two queries of at most 500 characters each (what retrieval
     reads); parsing stays as lenient as DSPy's, so an LM without a grammar is not refused for a long one."""
-
-    class SchemaLM(dspy.LM):
-        supported_params = {"response_format"}  # noqa: RUF012
-        supports_response_schema = True
-
-    kwargs: dict[str, object] = {}
-    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), kwargs, QueryRefine)
-    schema = kwargs["response_format"].model_json_schema()
+    schema = reply_schema(QueryRefine)
     assert schema["properties"]["queries"]["maxItems"] == 2
     assert schema["properties"]["queries"]["items"] == {"type": "string", "maxLength": 500}
-    notes: dict[str, object] = {}  # a note is bounded too (a model repeating itself ends as valid JSON)
-    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), notes, NoteInit)
-    assert notes["response_format"].model_json_schema()["properties"]["note"]["maxLength"] == 2000
-    other: dict[str, object] = {}  # a signature without bounds keeps DSPy's schema
-    CompactJSONAdapter()._prepare_response_format(SchemaLM("openai/m"), other, NoteCompare)
-    assert "maxLength" not in json.dumps(other["response_format"].model_json_schema())
+    # A note is bounded too (a model repeating itself ends as valid JSON).
+    assert reply_schema(NoteInit)["properties"]["note"]["maxLength"] == 2000
+    # A signature without bounds keeps DSPy's schema.
+    assert "maxLength" not in json.dumps(reply_schema(NoteCompare))
     long_query = "x" * 600
     assert CompactJSONAdapter().parse(QueryRefine, json.dumps({"queries": [long_query]})) == {
         "queries": [long_query]
