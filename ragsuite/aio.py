@@ -5,9 +5,10 @@ A step of a program (an LM call, a retrieval, a group of concurrent sub-steps) i
 here, which look at how the run was started:
 
 * synchronous (``program(question=...)``, i.e. :func:`run_sync`): the predictor is called as
-  ``predictor(...)``, the retriever in the calling thread, concurrent sub-steps on threads (each in a copy of
-  the DSPy context). No step suspends the coroutine, so :func:`run_sync` finishes it in one ``send`` without
-  an event loop: a synchronous call also works inside a running loop (a notebook, an async server).
+  ``predictor(...)``, the retriever in the calling thread, concurrent sub-steps on daemon threads
+  (:class:`DaemonThreadPool`, each in a copy of the DSPy context). No step suspends the coroutine, so
+  :func:`run_sync` finishes it in one ``send`` without an event loop: a synchronous call also works inside a
+  running loop (a notebook, an async server).
 * asynchronous (``await program.acall(question=...)``): the predictor is awaited with ``predictor.acall``,
   the (blocking) retriever runs in ``asyncio.to_thread``, concurrent sub-steps are ``asyncio.gather``-ed.
 
@@ -24,8 +25,10 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import queue
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any, Literal, TypeVar
 
 #: How an evaluation runs examples at once: worker threads calling ``program(...)``, or one event loop
@@ -109,6 +112,62 @@ def _drive(fn: Callable[[T], Awaitable[R]], item: T) -> R:
     return run_sync(fn(item))  # type: ignore[arg-type]
 
 
+class DaemonThreadPool(Executor):
+    """A fixed pool of daemon worker threads.
+
+    :class:`~concurrent.futures.ThreadPoolExecutor`'s workers are joined at interpreter exit, so a process
+    interrupted while one of them waits on an LM or a server would stay alive until that request (and its
+    retries) ended. Every pool that runs a program's steps or an evaluation's examples is this one instead.
+    """
+
+    def __init__(self, max_workers: int, *, name: str) -> None:
+        self._max_workers = max_workers
+        self._name = name
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]
+        self._work = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._work.put((future, fn, args) if not kwargs else (future, lambda: fn(*args, **kwargs), ()))
+        with self._lock:  # one more worker per task until there are max_workers
+            if len(self._workers) < self._max_workers:
+                thread = threading.Thread(
+                    target=self._serve, name=f"{self._name}-{len(self._workers)}", daemon=True
+                )
+                thread.start()
+                self._workers.append(thread)
+        return future
+
+    def _serve(self) -> None:
+        while (item := self._work.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():  # cancelled while queued
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        with self._lock:
+            workers, self._max_workers = list(self._workers), 0
+        for _ in workers:
+            self._work.put(None)
+        if wait:
+            for thread in workers:
+                thread.join()
+
+
 async def concurrently(
     fn: Callable[[T], Awaitable[R]], items: Iterable[T], *, max_workers: int | None = None
 ) -> list[R]:
@@ -124,7 +183,7 @@ async def concurrently(
     if len(items) <= 1:
         return [await fn(item) for item in items]
     if _SYNCHRONOUS.get():
-        with ThreadPoolExecutor(max_workers=max_workers or len(items)) as pool:
+        with DaemonThreadPool(max_workers or len(items), name="ragsuite-step") as pool:
             futures = [pool.submit(contextvars.copy_context().run, _drive, fn, item) for item in items]
         outcomes: list[Any] = []
         for future in futures:

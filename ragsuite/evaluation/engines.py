@@ -33,15 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import dspy
 
-from ragsuite.aio import Engine, run_sync
+from ragsuite.aio import DaemonThreadPool, Engine, run_sync
 from ragsuite.evaluation.example import arun_example, may_hit_cache
 
 Record = dict[str, Any]
@@ -105,58 +104,6 @@ class ExampleRunner:
             raise
         self.halt.count(record)
         return record
-
-
-class DaemonThreadPool(Executor):
-    """A fixed pool of daemon worker threads (:class:`~concurrent.futures.ThreadPoolExecutor`'s workers are
-    joined at exit, which would keep an interrupted run alive until its examples in flight finish)."""
-
-    def __init__(self, max_workers: int, *, name: str) -> None:
-        self._max_workers = max_workers
-        self._name = name
-        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None]
-        self._work = queue.SimpleQueue()
-        self._workers: list[threading.Thread] = []
-        self._lock = threading.Lock()
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._work.put((future, fn, args) if not kwargs else (future, lambda: fn(*args, **kwargs), ()))
-        with self._lock:  # one more worker per task until there are max_workers
-            if len(self._workers) < self._max_workers:
-                thread = threading.Thread(
-                    target=self._serve, name=f"{self._name}-{len(self._workers)}", daemon=True
-                )
-                thread.start()
-                self._workers.append(thread)
-        return future
-
-    def _serve(self) -> None:
-        while (item := self._work.get()) is not None:
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():  # cancelled while queued
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        if cancel_futures:
-            while True:
-                try:
-                    item = self._work.get_nowait()
-                except queue.Empty:
-                    break
-                if item is not None:
-                    item[0].cancel()
-        with self._lock:
-            workers, self._max_workers = list(self._workers), 0
-        for _ in workers:
-            self._work.put(None)
-        if wait:
-            for thread in workers:
-                thread.join()
 
 
 class ThreadEngine:
@@ -233,4 +180,4 @@ def start_engine(
     return ThreadEngine(runner, threads=threads, context=context)
 
 
-__all__ = ["AsyncEngine", "DaemonThreadPool", "ExampleRunner", "Halt", "ThreadEngine", "start_engine"]
+__all__ = ["AsyncEngine", "ExampleRunner", "Halt", "ThreadEngine", "start_engine"]

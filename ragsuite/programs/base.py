@@ -13,13 +13,12 @@ import inspect
 import threading
 import typing
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import dspy
 from dspy.utils.exceptions import AdapterParseError
 
-from ragsuite.aio import in_thread, invoke, run_sync, synchronous
+from ragsuite.aio import DaemonThreadPool, in_thread, invoke, run_sync, synchronous
 from ragsuite.data.datasets import Task
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.programs.knobs import Knobs
@@ -474,7 +473,7 @@ def run_concurrently(fn: Callable[[T], R], items: Sequence[T], *, max_workers: i
     usage tracker), and return results in input order. The first exception is re-raised."""
     if len(items) <= 1:
         return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=max_workers or len(items)) as pool:
+    with DaemonThreadPool(max_workers or len(items), name="ragsuite-step") as pool:
         futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
         return [future.result() for future in futures]
 

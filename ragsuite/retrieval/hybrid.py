@@ -19,9 +19,9 @@ import contextvars
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
+from ragsuite.aio import DaemonThreadPool
 from ragsuite.errors import ConfigError, RagsuiteError, RetrievalError
 from ragsuite.retrieval.base import Passage, Retriever
 from ragsuite.retrieval.merge import NORMS, interleave, linear, rrf
@@ -192,7 +192,7 @@ class HybridRetriever:
 
         if len(self.retrievers) == 1:
             return [guarded(0, self.retrievers[0])]
-        with ThreadPoolExecutor(max_workers=len(self.retrievers), thread_name_prefix="hybrid") as pool:
+        with DaemonThreadPool(len(self.retrievers), name="hybrid") as pool:
             futures = [
                 pool.submit(contextvars.copy_context().run, guarded, i, r)
                 for i, r in enumerate(self.retrievers)

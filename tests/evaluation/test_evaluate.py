@@ -345,7 +345,7 @@ def test_a_malformed_reply_costs_two_requests_for_one_stage_call(examples):
 def test_daemon_thread_pool_runs_cancels_and_never_blocks_exit() -> None:
     from concurrent.futures import CancelledError
 
-    from ragsuite.evaluation.engines import DaemonThreadPool
+    from ragsuite.aio import DaemonThreadPool
 
     pool = DaemonThreadPool(2, name="test-pool")
     gate = threading.Event()

@@ -469,6 +469,31 @@ def test_an_interrupt_does_not_wait_for_the_examples_in_flight(tmp_path, engine)
     assert not record_lines(out)
 
 
+@pytest.mark.slow
+def test_an_interrupt_does_not_wait_for_a_program_s_concurrent_steps(tmp_path, data_dir):
+    """BlendFilter asks for its two generated queries at once, each on a thread of its own: an interrupt
+    must not wait for those threads' LM calls either (a thread joined at exit kept the process alive)."""
+    out = tmp_path / "run"
+    with LocalOpenAIServer(gold_reply(), latency=120.0) as server:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ragsuite", "eval", "--program", "blendfilter", "--dataset", "hotpotqa",
+             "--data-dir", str(data_dir), "--limit", "2", "--lm", "openai/scripted", "--api-base",
+             server.api_base, "--no-cache", "--no-progress", "--threads", "1", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path),
+        )  # fmt: skip
+        try:
+            wait_for(lambda: server.chat_requests >= 2, process, "both generated queries in flight")
+            started = time.monotonic()
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
+            waited = time.monotonic() - started
+        finally:
+            stop(process)
+    assert process.returncode == 130, stderr
+    assert waited < 30, f"the run took {waited:.0f} s to stop"
+    assert json.loads((out / SUMMARY).read_text())["stopped"] == "interrupted"
+
+
 # ------------------------------------------------------------------ the failure warning
 def test_the_failure_warning_shows_the_whole_cause_first(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-abcdefghijklmnop1234")

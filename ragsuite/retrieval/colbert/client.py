@@ -22,9 +22,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
+from ragsuite.aio import DaemonThreadPool
 from ragsuite.errors import ConfigError, RetrievalError
 from ragsuite.retrieval.base import COLBERT_QUERY_TOKENS, Passage
 
@@ -184,7 +184,7 @@ class ColBERTv2Client:
                 self._batch_supported = False
         if len(queries) == 1:
             return [self(queries[0], k)]
-        with ThreadPoolExecutor(max_workers=min(self.batch_workers, len(queries))) as pool:
+        with DaemonThreadPool(min(self.batch_workers, len(queries)), name="colbert-client") as pool:
             futures = [pool.submit(contextvars.copy_context().run, self, q, k) for q in queries]
             return [f.result() for f in futures]
 
