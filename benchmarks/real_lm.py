@@ -21,9 +21,10 @@ the compile's train and val slices) and compares them question by question (pair
 sign-flip p-value).
 
 ``cost``: DeepNote on the same questions with the settings of :data:`COST_ARMS`, "before" (DSPy's JSON
-adapter, two slots on two threads) and "after" (``--lm local`` with no flag), and with ``--compiled FILE`` a
-third arm, "compiled" (that program file with "after"'s settings, every arm then on questions the file was
-not compiled or tuned on), in alternating chunks of questions so that all see the same machine. Every LM
+adapter, two slots on two threads) and "after" (``--lm local`` with no flag; ``--settings before`` leaves
+it out), and with ``--compiled FILE`` and ``--tuned FILE`` an arm each running that program file with
+"after"'s settings (every arm then on questions no file was compiled or tuned on), in alternating chunks of
+questions so that all see the same machine. Every LM
 request (stage, prompt, cached and completion tokens, seconds) and every question's record go to ``--out``;
 the report (``--report``) is rendered from them alone: seconds per question side by side, tokens, the share
 of prompt tokens the server served from its cache, and prompt tokens over what the official DeepNote prompts
@@ -452,16 +453,22 @@ COST_ARMS: dict[str, dict[str, Any]] = {
     "before": {"server": {"parallel": 2, "threads": 2}, "adapter": "dspy-json", "knobs": {}},
     "after": {"server": {"parallel": None, "threads": None}, "adapter": None, "knobs": {}},
 }
-#: The third arm, with ``--compiled FILE``: "after"'s settings running that program file (its demos, prompts
-#: and knobs) instead of the program built from its name.
-COMPILED_ARM = "compiled"
+#: The arms that run a program file (``--compiled FILE``, ``--tuned FILE``): "after"'s settings running that
+#: file (its demos, prompts and knobs) instead of the program built from its name.
+FILE_ARMS = ("compiled", "tuned")
+#: Every arm is compared with this one.
+BASELINE_ARM = "before"
 
 
-def cost_arms(compiled: Path | None) -> dict[str, dict[str, Any]]:
-    """:data:`COST_ARMS`, and the compiled arm when ``compiled`` names a program file."""
-    if compiled is None:
-        return dict(COST_ARMS)
-    return {**COST_ARMS, COMPILED_ARM: {**COST_ARMS["after"], "program_file": compiled}}
+def cost_arms(
+    compiled: Path | None = None, tuned: Path | None = None, *, settings: tuple[str, ...] = tuple(COST_ARMS)
+) -> dict[str, dict[str, Any]]:
+    """The arms of :data:`COST_ARMS` named in ``settings`` ("before" always), then an arm per program file."""
+    arms = {arm: spec for arm, spec in COST_ARMS.items() if arm == BASELINE_ARM or arm in settings}
+    for arm, path in zip(FILE_ARMS, (compiled, tuned), strict=True):
+        if path is not None:
+            arms[arm] = {**COST_ARMS["after"], "program_file": path}
+    return arms
 
 
 #: Tokens of each official DeepNote/Adaptive-Note prompt template (thunlp/Adaptive-Note, prompts/en at
@@ -588,10 +595,10 @@ def official_prompt_tokens(server: Any, record: dict[str, Any], passages: dict[s
 
 def cost(args: argparse.Namespace) -> int:
     """DeepNote on the same questions under the "before" and "after" settings (:data:`COST_ARMS`), and the
-    ``--compiled`` program file under "after"'s, in alternating chunks so that all see the same machine.
-    With ``--compiled``, the questions are dev questions the file was not compiled or tuned on, for every
-    arm. Writes every LM request and every question's record to ``--out`` (resumable: chunks already there
-    are skipped), then prints :func:`cost_report` of them."""
+    ``--compiled`` and ``--tuned`` program files under "after"'s, in alternating chunks so that all see the
+    same machine. With a program file, the questions are dev questions no file was compiled or tuned on, for
+    every arm. Writes every LM request and every question's record to ``--out`` (resumable: chunks already
+    there are skipped), then prints :func:`cost_report` of them."""
     import dspy
 
     from ragsuite import programs
@@ -606,14 +613,14 @@ def cost(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ["RAGSUITE_DATA"] = str(args.data_dir)
-    arms = cost_arms(args.compiled)
+    arms = cost_arms(args.compiled, args.tuned, settings=tuple(args.settings))
     examples = load_dataset(args.dataset, split="dev")
     retriever = build_retriever(f"bm25:{args.dataset}")
-    if args.compiled is not None:
-        compiled = load_program(args.compiled, retriever=retriever)
-        if compiled.name != args.program:
-            raise SystemExit(f"{args.compiled} holds {compiled.name}, not --program {args.program}")
-        examples, _ = exclude_holdout(compiled, examples, allow_overlap=False)
+    for path in (spec["program_file"] for spec in arms.values() if "program_file" in spec):
+        loaded = load_program(path, retriever=retriever)
+        if loaded.name != args.program:
+            raise SystemExit(f"{path} holds {loaded.name}, not --program {args.program}")
+        examples, _ = exclude_holdout(loaded, examples, allow_overlap=False)
     examples = examples[args.skip : args.skip + args.questions]
     passages = {p.id: p for p in load_corpus(args.dataset)}
     done = {(row["arm"], row["chunk"]) for row in read_jsonl(out / "chunks.jsonl")}
@@ -672,11 +679,13 @@ def cost_report(out: Path, *, command: str = "") -> str:
     prompt tokens served from the server's cache, prompt tokens over the official prompts' for the same calls,
     and the score with its 95% bootstrap interval; then the same per stage."""
     chunks = read_jsonl(out / "chunks.jsonl")
-    arms = [arm for arm in (*COST_ARMS, COMPILED_ARM) if any(c["arm"] == arm for c in chunks)]
+    arms = [arm for arm in (*COST_ARMS, *FILE_ARMS) if any(c["arm"] == arm for c in chunks)]
+    if BASELINE_ARM not in arms or len(arms) < 2:
+        return "no chunk was run by every arm"
     shared = set.intersection(*({c["chunk"] for c in chunks if c["arm"] == arm} for arm in arms))
     records = {arm: read_jsonl(out / f"{arm}.records.jsonl") for arm in arms}
     ids = set.intersection(*({r["id"] for r in rows} for rows in records.values()))
-    if not set(COST_ARMS) <= set(arms) or not shared or not ids:
+    if not shared or not ids:
         return "no chunk was run by every arm"
     rows, stages, walls = [], [], {}
     for arm in arms:
@@ -688,12 +697,14 @@ def cost_report(out: Path, *, command: str = "") -> str:
     n = rows[0]["n"]
     smoke = " (a smoke run: scores on fewer than 30 questions decide nothing)" if n < 30 else ""
     dataset = chunks[0].get("dataset", "hotpotqa")  # rows written before the field held hotpotqa only
-    compiled = next((c["program_file"] for c in chunks if c["arm"] == COMPILED_ARM), None)
+    files = "".join(
+        f" {arm}: the program file `{path}` with after's settings."
+        for arm in FILE_ARMS
+        if (path := next((c["program_file"] for c in chunks if c["arm"] == arm), None))
+    )
     lines = [
         f"DeepNote on {n} {dataset} dev questions, the {len(arms)} settings in alternating chunks of one "
-        f"run{smoke}."
-        + (f" compiled: the program file `{compiled}` with after's settings." if compiled else "")
-        + (f" Command: `{command}`." if command else ""),
+        f"run{smoke}.{files}" + (f" Command: `{command}`." if command else ""),
         "",
         "| settings | slots, threads (generate/read) | s/question | prompt tokens/q | served from cache "
         "| over the official prompts | completion tokens/q | requests/q | accuracy [95% CI] | F1 |",
@@ -720,10 +731,11 @@ def cost_report(out: Path, *, command: str = "") -> str:
 
 
 #: The folder of the committed cost run, and the command that wrote it, named in its report.
-COST_OUT = "benchmarks/results/deepnote-cost-compiled"
+COST_OUT = "benchmarks/results/deepnote-cost"
 COST_COMMAND = (
     "python benchmarks/real_lm.py cost --data-dir DATA --dataset hotpotqa --questions 30 --chunk 2 "
-    f"--compiled examples/compiled/deepnote-hotpotqa-local.json --out {COST_OUT}"
+    "--compiled examples/compiled/deepnote-hotpotqa-local.json "
+    f"--tuned examples/compiled/deepnote-hotpotqa-local-tuned.json --out {COST_OUT}"
 )
 
 
@@ -855,9 +867,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     k.add_argument("--out", required=True, help="run folder: records and requests; rerun to resume")
     k.add_argument(
+        "--settings", nargs="+", choices=tuple(COST_ARMS), default=list(COST_ARMS),
+        help="which of the before/after settings run (default both; before always runs: every arm is "
+        "compared with it)",
+    )  # fmt: skip
+    k.add_argument(
         "--compiled", type=Path, metavar="FILE",
-        help="also run this program file (e.g. a compiled DeepNote) with after's settings, as a third arm; "
-        "every arm then answers dev questions the file was not compiled or tuned on",
+        help="also run this program file (e.g. a compiled DeepNote) with after's settings, as the compiled "
+        "arm; every arm then answers dev questions the file was not compiled or tuned on",
+    )  # fmt: skip
+    k.add_argument(
+        "--tuned", type=Path, metavar="FILE",
+        help="also run this program file (e.g. the compiled DeepNote with tuned knobs, a tune's best.json) "
+        "with after's settings, as the tuned arm; as with --compiled, its questions are left out",
     )  # fmt: skip
     k.add_argument("--report", action="store_true", help="print the report of --out and run nothing")
     k.add_argument("--docs", type=Path, help="with --report: also write it between the deepnote-cost markers")

@@ -89,6 +89,22 @@ def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root,
     )
 
 
+@pytest.mark.parametrize(
+    ("shipped", "measured"),
+    [
+        ("deepnote-hotpotqa-local.json", "deepnote-hotpotqa-bootstrap.json"),
+        ("deepnote-hotpotqa-local-tuned.json", "deepnote-hotpotqa-bootstrap-tuned.json"),
+    ],
+)
+def test_each_shipped_deepnote_file_is_the_one_the_held_out_table_measured(
+    repo_root, shipped: str, measured: str
+) -> None:
+    """The files in examples/compiled are the held-out run's files byte for byte: a shipped file changed
+    without a new run would carry another program's scores."""
+    held_out = repo_root / "benchmarks" / "results" / "compiled-local" / "programs" / measured
+    assert (repo_root / "examples" / "compiled" / shipped).read_bytes() == held_out.read_bytes()
+
+
 def test_token_counts_missing_from_a_record_are_shown_as_absent_not_zero(tmp_path: Path, bench) -> None:
     labels = [label for label, _, _ in bench.arms_of("deepnote")]  # every arm, the tuned one included
     chunks = [

@@ -95,10 +95,16 @@ def test_the_report_is_rendered_from_the_records_of_chunks_both_arms_ran(tmp_pat
 def test_a_folder_without_a_chunk_run_by_every_arm_reports_nothing(tmp_path: Path, bench) -> None:
     _write(tmp_path, "chunks.jsonl", [{"arm": "before", "chunk": 0, "questions": 2, "wall": 1.0}])
     assert bench.cost_report(tmp_path) == "no chunk was run by every arm"
-    # The compiled arm with "before" alone: "after" is missing, so nothing is compared.
+    # Without "before", the baseline every ratio is over, nothing is compared.
+    _write(tmp_path, "chunks.jsonl", [
+        {"arm": "after", "chunk": 0, "questions": 2, "wall": 1.0},
+        {"arm": "compiled", "chunk": 0, "questions": 2, "wall": 1.0, "program_file": "p.json"},
+    ])  # fmt: skip
+    assert bench.cost_report(tmp_path) == "no chunk was run by every arm"
+    # Arms that ran different chunks share none.
     _write(tmp_path, "chunks.jsonl", [
         {"arm": "before", "chunk": 0, "questions": 2, "wall": 1.0},
-        {"arm": "compiled", "chunk": 0, "questions": 2, "wall": 1.0, "program_file": "p.json"},
+        {"arm": "tuned", "chunk": 2, "questions": 2, "wall": 1.0, "program_file": "p.json"},
     ])  # fmt: skip
     assert bench.cost_report(tmp_path) == "no chunk was run by every arm"
 
@@ -134,6 +140,40 @@ def test_a_compiled_file_is_a_third_arm_with_after_s_settings_and_its_own_ratio(
     assert "| compiled | 2, 1/2 | 15.0 |" in report
 
 
+def test_a_tuned_file_runs_beside_before_alone_with_after_s_settings(tmp_path: Path, bench) -> None:
+    arms = bench.cost_arms(tuned=Path("best.json"), settings=("before",))
+    assert list(arms) == ["before", "tuned"]
+    assert arms["tuned"]["server"] == bench.COST_ARMS["after"]["server"] and arms["tuned"]["adapter"] is None
+    assert arms["tuned"]["program_file"] == Path("best.json")
+    # "before" is the baseline: it runs even when --settings leaves it out.
+    assert list(bench.cost_arms(settings=("after",))) == ["before", "after"]
+    assert list(bench.cost_arms(Path("c.json"), Path("t.json"))) == ["before", "after", "compiled", "tuned"]
+
+    server = {"parallel": 2, "ctx": 8192, "threads": 1, "batch_threads": 2}
+    walls = {"before": {0: 100.0, 2: 80.0}, "tuned": {0: 40.0, 2: 32.0}}
+    _write(tmp_path, "chunks.jsonl", [
+        {"arm": arm, "chunk": chunk, "questions": 2, "wall": wall, "server": server,
+         "official_prompt_tokens": [1, 1], "dataset": "hotpotqa",
+         "program_file": "runs/best.json" if arm == "tuned" else None}
+        for arm, by_chunk in walls.items() for chunk, wall in by_chunk.items()
+    ])  # fmt: skip
+    for arm in walls:
+        _write(tmp_path, f"{arm}.requests.jsonl", [
+            {"chunk": chunk, "stage": "answer", "prompt_tokens": 10, "cached_tokens": 0, "completion_tokens": 1, "seconds": 1.0}
+            for chunk in (0, 2)
+        ])  # fmt: skip
+        _write(tmp_path, f"{arm}.records.jsonl", [
+            {"id": qid, "metrics": {"accuracy": 1.0, "f1": 1.0}} for qid in ("q1", "q2", "q3", "q4")
+        ])  # fmt: skip
+    report = bench.cost_report(tmp_path)
+    assert report.startswith("DeepNote on 4 hotpotqa dev questions, the 2 settings")
+    assert "tuned: the program file `runs/best.json` with after's settings." in report
+    assert "compiled:" not in report and "| after |" not in report
+    # Every chunk at 0.4 of before's: the interval cannot move.
+    assert "tuned over before: **0.40** [0.40, 0.40]" in report
+    assert "| tuned | 2, 1/2 | 18.0 |" in report
+
+
 def test_the_seconds_ratio_s_interval_resamples_chunks_in_pairs(bench) -> None:
     # 40 s over 50 s; a resample of chunk 0 alone gives 10/20, of chunk 2 alone 30/30.
     assert bench.wall_ratio_ci({0: 10.0, 2: 30.0}, {0: 20.0, 2: 30.0}) == (0.5, 1.0)
@@ -165,6 +205,7 @@ def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root)
     page = (repo_root / "docs" / "local-lm.md").read_text(encoding="utf-8")
     shown = page.split("<!-- deepnote-cost:start -->\n", 1)[1].split("\n<!-- deepnote-cost:end -->", 1)[0]
     report = bench.cost_report(repo_root / bench.COST_OUT, command=bench.COST_COMMAND)
+    assert "no chunk" not in report and "smoke run" not in report
     assert shown == report, (
         "rerun: " + bench.COST_COMMAND.split(" --data-dir")[0] + " --report --out ... --docs ..."
     )
