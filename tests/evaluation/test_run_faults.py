@@ -410,6 +410,21 @@ def test_records_without_a_manifest_are_refused(tmp_path):
 
 
 # ------------------------------------------------------------------ SIGTERM
+def interrupt_when(
+    ready, process: subprocess.Popen, what: str, signum: int, *, timeout: float = 60
+) -> tuple[str, float]:
+    """Once ``ready()``, send ``signum`` and wait for the process to exit: its stderr and the seconds it took.
+    The process is stopped whatever happens."""
+    try:
+        wait_for(ready, process, what)
+        started = time.monotonic()
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=timeout)
+        return stderr, time.monotonic() - started
+    finally:
+        stop(process)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "signum, code, stopped",
@@ -454,14 +469,9 @@ def test_an_interrupt_does_not_wait_for_the_examples_in_flight(tmp_path, engine)
     out = tmp_path / "run"
     with LocalOpenAIServer(gold_reply(), latency=60.0) as server:
         process = start_eval(server, data, out, tmp_path, "--threads", "2", "--engine", engine)
-        try:
-            wait_for(lambda: server.chat_requests >= 2, process, "two examples in flight")
-            started = time.monotonic()
-            process.send_signal(signal.SIGTERM)
-            _, stderr = process.communicate(timeout=30)
-            waited = time.monotonic() - started
-        finally:
-            stop(process)
+        stderr, waited = interrupt_when(
+            lambda: server.chat_requests >= 2, process, "two examples in flight", signal.SIGTERM, timeout=30
+        )
     assert process.returncode == 143, stderr
     assert waited < 20, f"the run took {waited:.0f} s to stop"
     summary = json.loads((out / SUMMARY).read_text())
@@ -481,14 +491,9 @@ def test_an_interrupt_does_not_wait_for_a_program_s_concurrent_steps(tmp_path, d
              server.api_base, "--no-cache", "--no-progress", "--threads", "1", "--out", str(out)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path),
         )  # fmt: skip
-        try:
-            wait_for(lambda: server.chat_requests >= 2, process, "both generated queries in flight")
-            started = time.monotonic()
-            process.send_signal(signal.SIGINT)
-            _, stderr = process.communicate(timeout=60)
-            waited = time.monotonic() - started
-        finally:
-            stop(process)
+        stderr, waited = interrupt_when(
+            lambda: server.chat_requests >= 2, process, "both generated queries in flight", signal.SIGINT
+        )
     assert process.returncode == 130, stderr
     assert waited < 30, f"the run took {waited:.0f} s to stop"
     assert json.loads((out / SUMMARY).read_text())["stopped"] == "interrupted"
