@@ -24,11 +24,10 @@ sign-flip p-value).
 adapter, two slots on two threads) and "after" (``--lm local`` with no flag; ``--settings before`` leaves
 it out), and with ``--compiled FILE`` and ``--tuned FILE`` an arm each running that program file with
 "after"'s settings (every arm then on questions no file was compiled or tuned on), in alternating chunks of
-questions so that all see the same machine. Every LM
-request (stage, prompt, cached and completion tokens, seconds) and every question's record go to ``--out``;
-the report (``--report``) is rendered from them alone: seconds per question side by side, tokens, the share
-of prompt tokens the server served from its cache, and prompt tokens over what the official DeepNote prompts
-take for the same calls, passages and notes.
+questions so that all see the same machine. Every LM request (stage, prompt, cached and completion tokens,
+seconds) and every question's record go to ``--out``; the report (``--report``) is rendered from them alone:
+seconds per question side by side, tokens, the share of prompt tokens the server served from its cache, and
+prompt tokens over what the official DeepNote prompts take for the same calls, passages and notes.
 
 ``adapters``: runs each program twice on the same questions, with DSPy's chat adapter and with the JSON
 adapter held to each signature's schema (the local LM's default on llama.cpp), and reports the score, LM
