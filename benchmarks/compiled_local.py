@@ -5,16 +5,18 @@ and with compiled vanilla.
    dev split (its ``--train`` and ``--val`` slices, the same for both), as a user runs it, against one local
    server with one slot and every core (DSPy's BootstrapFewShot runs one question at a time). The program
    file goes to ``OUT/programs/<program>-<dataset>-<optimizer>.json``; a stopped compile resumes from its LM
-   cache beside it.
+   cache beside it. ``--compiled FILE`` scores a file compiled before (e.g. a shipped one) instead.
 2. **Score.** The arms (:func:`arms_of` ``--program``: its compiled file, the same file without its demos,
    compiled vanilla, and, once ``--tuned FILE`` names one, the compiled program with the knobs ``ragsuite
-   tune --program-file`` chose) answer the same held-out questions (dev questions outside both slices) of each
-   ``--eval DATASET:N``, in alternating chunks of ``--chunk``
-   questions so that every arm sees the same machine. Each finished chunk's records are appended to
+   tune --program-file`` chose, and, with ``--larger-lm MODEL``, the uncompiled program on that larger LM,
+   on a server of its own; ``--arms`` keeps some of them) answer the same held-out questions (dev questions
+   outside both slices) of each ``--eval DATASET:N``, in alternating chunks of ``--chunk`` questions so that
+   every arm sees the same machine. Each finished chunk's records are appended to
    ``OUT/<dataset>.<arm>.records.jsonl.gz`` and its wall time to ``OUT/chunks.jsonl``; a chunk stopped
    mid-way runs again whole (its run directory under ``OUT/work/`` is cleared), so that its wall time covers
    every question it records. Rerun the same command to go on.
-Both steps run on one local server with ragsuite's default settings, as ``--lm local`` starts it.
+Both steps run on one local server with ragsuite's default settings, as ``--lm local`` starts it (the larger
+LM on one more, started the same way; only one of them is working at a time).
 
 3. **Report** (``--report``): from the records alone, per dataset, each arm's score with its 95% bootstrap
    interval, EM and F1, failures, tokens in/out and seconds per question over the questions every arm
@@ -34,6 +36,9 @@ Example:
         --eval hotpotqa:100 2wikimultihopqa:50 --out benchmarks/results/compiled-local
     python benchmarks/compiled_local.py --out benchmarks/results/compiled-local --report \\
         --tune benchmarks/results/tune-compiled-local --docs docs/local-lm.md
+    python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --eval hotpotqa:100 \\
+        --compiled examples/compiled/deepnote-hotpotqa-local.json --arms compiled larger \\
+        --larger-lm local:qwen2.5-coder-1.5b-instruct-q4_k_m --out benchmarks/results/compiled-local-vs-1.5b
 """
 
 from __future__ import annotations
@@ -56,22 +61,27 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from real_lm import append_jsonl, read_jsonl, write_between_markers  # noqa: E402
 
 
-def arms_of(program: str) -> tuple[tuple[str, str, str], ...]:
-    """The arms of ``--program``, each (label, program, file): ``compiled`` is the compile's program file,
+def arms_of(program: str, *, larger: bool = False) -> tuple[tuple[str, str, str], ...]:
+    """The arms of ``--program``, each (label, program, kind): ``compiled`` is the compile's program file,
     ``no-demos`` the same file without its demos (the uncompiled program), ``tuned`` the compiled file with
-    the knobs a tune chose (``--tuned``), and compiled vanilla. The first arm is the one the others are
-    compared with. An arm whose file is not there (no tune yet) is left out: a later arm joins by answering
-    the chunks the others finished."""
-    return (
+    the knobs a tune chose (``--tuned``), and compiled vanilla; with ``larger`` (``--larger-lm``), also the
+    uncompiled program on the larger LM. The first arm is the one the others are compared with. An arm whose
+    file is not there (no tune yet) is left out: a later arm joins by answering the chunks the others
+    finished."""
+    arms = (
         (f"{program} compiled", program, "compiled"),
         (program, program, "no-demos"),
         ("vanilla compiled", "vanilla", "compiled"),
         (f"{program} tuned", program, "tuned"),
     )
+    return (*arms, (f"{program} on the larger LM", program, "larger")) if larger else arms
 
 
-#: How each kind of arm's program file is named after the compiled one.
-FILE_SUFFIX = {"compiled": "", "no-demos": "-no-demos", "tuned": "-tuned"}
+#: How each kind of arm's program file is named after the compiled one (the larger LM runs the uncompiled
+#: program).
+FILE_SUFFIX = {"compiled": "", "no-demos": "-no-demos", "tuned": "-tuned", "larger": "-no-demos"}
+#: ``--arms`` names an arm by its kind, vanilla's by its program.
+ARM_NAMES = ("compiled", "no-demos", "vanilla", "tuned", "larger")
 #: The command of the committed run, named in its report.
 COMMAND = (
     "python benchmarks/compiled_local.py --data-dir DATA --dataset hotpotqa --train 30 --val 10 "
@@ -87,16 +97,31 @@ def program_file(out: Path, program: str, args: argparse.Namespace, kind: str = 
     return out / "programs" / f"{program}-{args.dataset}-{args.optimizer}{FILE_SUFFIX[kind]}.json"
 
 
+def arm_name(arm: tuple[str, str, str]) -> str:
+    """The arm's name in ``--arms``: its kind, or ``vanilla`` for compiled vanilla."""
+    _, program, kind = arm
+    return "vanilla" if program == "vanilla" else kind
+
+
+def chosen_arms(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The arms ``--arms`` keeps (every arm without it), the larger LM's only with ``--larger-lm``."""
+    wanted = getattr(args, "arms", None) or ARM_NAMES
+    larger = getattr(args, "larger_lm", None) is not None
+    return [arm for arm in arms_of(args.program, larger=larger) if arm_name(arm) in wanted]
+
+
 def present_arms(out: Path, args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """The arms whose program file is there."""
-    return [arm for arm in arms_of(args.program) if program_file(out, arm[1], args, arm[2]).exists()]
+    """The chosen arms whose program file is there."""
+    return [arm for arm in chosen_arms(args) if program_file(out, arm[1], args, arm[2]).exists()]
 
 
 def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
     """Step 1: compile each program not yet compiled (a stopped compile resumes from its LM cache)."""
     from ragsuite.cli import main as cli
 
-    for program in dict.fromkeys(program for _, program, kind in arms_of(args.program) if kind == "compiled"):
+    # Every arm but vanilla's runs a form of the compiled program.
+    needed = dict.fromkeys(program for _, program, _ in chosen_arms(args))
+    for program in needed:
         target = program_file(out, program, args)
         if target.exists():
             continue
@@ -116,27 +141,26 @@ def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
         append_jsonl(out / "compiles.jsonl", [{"program": program, "seconds": seconds}])
         print(f"# compiled {program} in {seconds:.0f} s: {target}", flush=True)
     # A program without its demos: the uncompiled program, with the same held-out questions.
-    for _, program, kind in arms_of(args.program):
+    for _, program, kind in chosen_arms(args):
         bare = program_file(out, program, args, "no-demos")
-        if kind == "no-demos" and not bare.exists():
+        if FILE_SUFFIX[kind] == "-no-demos" and not bare.exists():
             document = json.loads(program_file(out, program, args).read_text())
             for state in document["predictors"].values():
                 state["demos"] = []
             bare.write_text(json.dumps(document, indent=1))
 
 
-def take_tuned(args: argparse.Namespace, out: Path) -> None:
-    """Keep ``--tuned`` beside the compiled files (the records then name a file of the run folder); refused
-    when the tuned arm already holds another file."""
-    if args.tuned is None:
-        return
-    for _, program, kind in arms_of(args.program):
-        if kind != "tuned":
+def keep_given_files(args: argparse.Namespace, out: Path) -> None:
+    """Keep ``--tuned`` (and ``--compiled``) beside the compiled files (the records then name a file of the
+    run folder); refused when the arm already holds another file."""
+    for kind, given in (("compiled", getattr(args, "compiled", None)), ("tuned", args.tuned)):
+        if given is None:
             continue
-        tuned = program_file(out, program, args, "tuned")
-        if tuned.exists() and tuned.read_bytes() != args.tuned.read_bytes():
-            raise SystemExit(f"{tuned} holds another tuned program than {args.tuned}: use another --out")
-        shutil.copyfile(args.tuned, tuned)
+        kept = program_file(out, args.program, args, kind)
+        if kept.exists() and kept.read_bytes() != given.read_bytes():
+            raise SystemExit(f"{kept} holds another {kind} program than {given}: use another --out")
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(given, kept)
 
 
 def held_out(args: argparse.Namespace, out: Path, dataset: str, limit: int) -> tuple[dict[str, Any], list]:
@@ -167,8 +191,9 @@ def ids(examples: list) -> list[str]:
     return [example_id(ex, i) for i, ex in enumerate(examples)]
 
 
-def score_chunks(args: argparse.Namespace, out: Path, server: Any) -> None:
-    """Step 2: every arm on each chunk of held-out questions not yet scored, arms alternating."""
+def score_chunks(args: argparse.Namespace, out: Path, server: Any, larger: Any = None) -> None:
+    """Step 2: every arm on each chunk of held-out questions not yet scored, arms alternating; the larger LM's
+    arm on the ``larger`` server."""
     import dspy
     from real_lm import generation
 
@@ -177,10 +202,13 @@ def score_chunks(args: argparse.Namespace, out: Path, server: Any) -> None:
 
     done = {(row["dataset"], row["arm"], row["chunk"]) for row in read_jsonl(out / "chunks.jsonl")}
     arms = present_arms(out, args)
+    served = {label: (args.larger_lm, larger) if kind == "larger" else (args.model, server)
+              for label, _, kind in arms}  # fmt: skip
     lms = {
-        label: build_lm(args.model, api_base=server.api_base, cache=False, **generation(program))
+        label: build_lm(served[label][0], api_base=served[label][1].api_base, cache=False,
+                        **generation(program))
         for label, program, _ in arms
-    }
+    }  # fmt: skip
     for target in args.eval:
         dataset, limit = target.split(":")
         programs, examples = held_out(args, out, dataset, int(limit))
@@ -194,16 +222,17 @@ def score_chunks(args: argparse.Namespace, out: Path, server: Any) -> None:
                 # chunk wall times: a stopped chunk runs again whole.
                 shutil.rmtree(work, ignore_errors=True)
                 started = time.perf_counter()
+                model, its_server = served[label]
                 with dspy.context(lm=lms[label]):
                     result = evaluate(
-                        programs[label], chunk, dataset=dataset, threads=server.settings.parallel,
+                        programs[label], chunk, dataset=dataset, threads=its_server.settings.parallel,
                         out_dir=work, progress=False,
                     )  # fmt: skip
                 wall = time.perf_counter() - started
                 append_records(records_path(out, dataset, label), result.records)
                 append_jsonl(out / "chunks.jsonl", [{
                     "dataset": dataset, "arm": label, "chunk": start, "questions": len(chunk), "wall": wall,
-                    "server": server.settings.public(),
+                    "model": model, "server": its_server.settings.public(),
                 }])  # fmt: skip
                 print(f"# {dataset} {label}: questions {start + 1}-{start + len(chunk)} in {wall:.0f} s",
                       flush=True)  # fmt: skip
@@ -245,6 +274,14 @@ def report(out: Path, *, command: str | None = None) -> str:
     if tuned:
         lines += [
             "The tuned arm is the compiled file with the knobs a tune chose: " + "; ".join(tuned) + ".",
+            "",
+        ]
+    larger = dict.fromkeys(c["model"] for c in chunks if c["arm"].endswith(" on the larger LM"))
+    if larger:
+        lines += [
+            "The arm on the larger LM is the uncompiled program (no demos) on "
+            + ", ".join(f"`{model}`" for model in larger)
+            + ", served with ragsuite's default settings as `--lm` starts it.",
             "",
         ]
     for dataset in dict.fromkeys(c["dataset"] for c in chunks):
@@ -453,6 +490,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the compiled program tuned by `ragsuite tune --program-file` (its best.json): scored as one "
         "more arm, from the first chunk on",
     )  # fmt: skip
+    parser.add_argument(
+        "--compiled", type=Path, metavar="FILE",
+        help="score this compiled program file instead of compiling one (e.g. the shipped one)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--larger-lm", metavar="MODEL",
+        help="also score the uncompiled program on this LM (e.g. local:qwen2.5-coder-1.5b-instruct-q4_k_m), "
+        "on its own server: the compiled small model against the uncompiled larger one",
+    )  # fmt: skip
+    parser.add_argument(
+        "--arms", nargs="+", choices=ARM_NAMES, metavar="ARM",
+        help=f"score only these arms ({', '.join(ARM_NAMES)}; default: every one whose file is there)",
+    )  # fmt: skip
     parser.add_argument("--report", action="store_true", help="print the report of --out and run nothing")
     parser.add_argument(
         "--docs", type=Path, help="with --report: also write it between the --markers of this Markdown file"
@@ -492,13 +542,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     from real_lm import start_server
 
+    keep_given_files(args, args.out)
     server = start_server(args, parallel=None, threads=None)
+    larger = None
     try:
         compile_programs(args, args.out, server)
-        take_tuned(args, args.out)
-        score_chunks(args, args.out, server)
+        if args.larger_lm and any(kind == "larger" for _, _, kind in present_arms(args.out, args)):
+            larger = start_server(argparse.Namespace(**{**vars(args), "model": args.larger_lm}),
+                                  parallel=None, threads=None)  # fmt: skip
+        score_chunks(args, args.out, server, larger)
     finally:
         server.stop()
+        if larger is not None:
+            larger.stop()
     print(report(args.out))
     return 0
 

@@ -207,12 +207,12 @@ def test_a_tuned_arm_joins_once_its_file_is_kept_and_the_report_names_the_knobs_
     (tmp_path / "programs").mkdir()
     (tmp_path / "programs" / "deepnote-hotpotqa-bootstrap.json").write_text(json.dumps(compiled))
     assert [label for label, _, _ in bench.present_arms(tmp_path, args)] == ["deepnote compiled"]
-    bench.take_tuned(args, tmp_path)  # no --tuned: nothing kept
+    bench.keep_given_files(args, tmp_path)  # no --tuned: nothing kept
     tuned = tmp_path / "best.json"
     tuned.write_text(json.dumps({**compiled, "knobs": {"top_k": 5, "max_step": 1}}))
     args.tuned = tuned
-    bench.take_tuned(args, tmp_path)
-    bench.take_tuned(args, tmp_path)  # the same file again: resumed
+    bench.keep_given_files(args, tmp_path)
+    bench.keep_given_files(args, tmp_path)  # the same file again: resumed
     assert [label for label, _, _ in bench.present_arms(tmp_path, args)] == [
         "deepnote compiled",
         "deepnote tuned",
@@ -220,7 +220,7 @@ def test_a_tuned_arm_joins_once_its_file_is_kept_and_the_report_names_the_knobs_
     assert bench.tuned_knobs(tmp_path) == ["deepnote (max_step 3 → 1)"]
     tuned.write_text(json.dumps({**compiled, "knobs": {"top_k": 3, "max_step": 1}}))
     with pytest.raises(SystemExit, match="holds another tuned program"):
-        bench.take_tuned(args, tmp_path)  # its records came from the first file
+        bench.keep_given_files(args, tmp_path)  # its records came from the first file
 
 
 def test_another_program_is_compiled_and_scored_beside_compiled_vanilla(tmp_path: Path, bench) -> None:
@@ -250,3 +250,66 @@ def test_the_docs_tune_table_is_the_report_of_the_committed_study(bench, repo_ro
     assert shown.strip() == report, (
         "rerun: python benchmarks/compiled_local.py --report --tune ... --docs ..."
     )
+
+
+def test_the_compiled_program_runs_beside_the_uncompiled_one_on_a_larger_lm_on_its_own_server(
+    tmp_path: Path, bench, monkeypatch
+) -> None:
+    """``--compiled FILE --arms compiled larger --larger-lm MODEL``: the given file is kept, its demos are
+    stripped for the larger LM's arm, each arm asks its own server's model, and the report names the
+    model."""
+    import argparse
+    import types
+
+    import dspy
+
+    import ragsuite.evaluation
+    import ragsuite.lm
+
+    shipped = tmp_path / "shipped.json"
+    shipped.write_text(
+        json.dumps({"program": "deepnote", "knobs": {}, "predictors": {"answer": {"demos": [1]}}})
+    )
+    out = tmp_path / "run"
+    args = argparse.Namespace(
+        program="deepnote", dataset="hotpotqa", optimizer="bootstrap", tuned=None, compiled=shipped,
+        arms=["compiled", "larger"], larger_lm="local:big", model="local", eval=["hotpotqa:2"], chunk=2,
+    )  # fmt: skip
+    bench.keep_given_files(args, out)
+    bench.compile_programs(args, out, server=None)  # the file is there: nothing to compile
+    assert [label for label, _, _ in bench.present_arms(out, args)] == [
+        "deepnote compiled",
+        "deepnote on the larger LM",
+    ]  # the uncompiled small-model arm and vanilla were left out
+    bare = json.loads((out / "programs" / "deepnote-hotpotqa-bootstrap-no-demos.json").read_text())
+    assert bare["predictors"]["answer"]["demos"] == []
+
+    asked = []
+    monkeypatch.setattr(ragsuite.lm, "build_lm", lambda model, *, api_base, **kw: (model, api_base))
+    examples = [dspy.Example(id=f"q{i}", question=f"Q{i}?").with_inputs("question") for i in (1, 2)]
+    labels = ["deepnote compiled", "deepnote on the larger LM"]
+    monkeypatch.setattr(bench, "held_out", lambda *a: ({label: None for label in labels}, examples))
+
+    def evaluate(program, chunk, *, threads, **kwargs):
+        asked.append((dspy.settings.lm, threads))
+        return types.SimpleNamespace(records=[_record(ex.id, float(len(asked) == 1)) for ex in chunk])
+
+    monkeypatch.setattr(ragsuite.evaluation, "evaluate", evaluate)
+
+    def server(port: int, parallel: int):
+        settings = types.SimpleNamespace(parallel=parallel, public=lambda: {"parallel": parallel})
+        return types.SimpleNamespace(api_base=f"http://127.0.0.1:{port}/v1", settings=settings)
+
+    bench.score_chunks(args, out, server(1, 2), server(2, 1))
+    assert asked == [(("local", "http://127.0.0.1:1/v1"), 2), (("local:big", "http://127.0.0.1:2/v1"), 1)]
+    chunks = [json.loads(line) for line in (out / "chunks.jsonl").read_text().splitlines()]
+    assert [(c["arm"], c["model"]) for c in chunks] == [(labels[0], "local"), (labels[1], "local:big")]
+    report = bench.report(out, command="c")
+    assert "the uncompiled program (no demos) on `local:big`" in report
+    assert "| deepnote compiled − deepnote on the larger LM | +100.0 [" in report
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"program": "deepnote", "knobs": {"max_step": 1}, "predictors": {}}))
+    args.compiled = other
+    with pytest.raises(SystemExit, match="holds another compiled program"):
+        bench.keep_given_files(args, out)  # the records came from the first file
