@@ -18,6 +18,14 @@ from typing import Literal
 
 import dspy
 
+from ragsuite.signatures.compact import bounded
+
+#: The most passage numbers a schema-holding LM (llama-server) may list in ``FilterBatch.relevant``. A batch
+#: numbers the passages retrieved for one query (BlendFilter's K is 5, its search reaches 10), so a longer
+#: list can only be the model counting on or repeating itself, which would run to the token limit and leave
+#: the JSON cut mid-list: the filter would then fall back to keeping every passage.
+FILTER_MAX_NUMBERS = 50
+
 #: The four question types of HANRAG's router, in the paper's order.
 RouteCategory = Literal["straightforward", "single-step", "compound", "complex"]
 
@@ -103,7 +111,19 @@ class FilterBatch(dspy.Signature):
 
     question: str = dspy.InputField()
     passages: list[str] = dspy.InputField(desc="numbered passages, '[i] title | text'")
-    relevant: list[int] = dspy.OutputField(desc="the numbers [i] of the relevant passages; [] if none")
+    relevant: list[int] = bounded(
+        dspy.OutputField(desc="the numbers [i] of the relevant passages; [] if none"),
+        maxItems=FILTER_MAX_NUMBERS,
+    )
 
 
-__all__ = ["Decompose", "EndCheck", "Filter", "FilterBatch", "RefineSeed", "Route", "RouteCategory"]
+__all__ = [
+    "FILTER_MAX_NUMBERS",
+    "Decompose",
+    "EndCheck",
+    "Filter",
+    "FilterBatch",
+    "RefineSeed",
+    "Route",
+    "RouteCategory",
+]

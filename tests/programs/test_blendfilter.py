@@ -242,20 +242,23 @@ def test_generated_knowledge_fits_colberts_token_window_after_the_question() -> 
 
 
 def test_the_documented_difference_in_free_text_length_holds(tmp_path, reply_schema) -> None:
-    """The module docstring lists the bound on free text for grammar-holding LMs; every free-text output of
-    BlendFilter's stages holds it in the reply schema sent, also after the program is saved and loaded, while
-    the filter's list of numbers and the final answer are left as they were."""
+    """The module docstring lists the bounds on free text and on the filter's list for grammar-holding LMs;
+    every free-text output of BlendFilter's stages holds the text bound in the reply schema sent, and the
+    filter's list of numbers the list bound, also after the program is saved and loaded, while the final
+    answer is left as it was."""
     import ragsuite
     import ragsuite.programs.blendfilter as module
     from ragsuite.signatures.compact import TEXT_MAX_CHARS, reply_bounds
+    from ragsuite.signatures.hanrag import FILTER_MAX_NUMBERS
 
     assert "``bounded_reasoning``" in module.__doc__ and "``BlendQueryInternal.knowledge``" in module.__doc__
     assert f"``TEXT_MAX_CHARS`` ({TEXT_MAX_CHARS:,})" in module.__doc__
+    assert f"``FILTER_MAX_NUMBERS`` ({FILTER_MAX_NUMBERS})" in module.__doc__
 
     def schema_bounds(program) -> dict[str, dict[str, int]]:
         return {
             name: {
-                field: spec.get("maxLength")
+                field: spec.get("maxLength", spec.get("maxItems"))
                 for field, spec in reply_schema(predictor.signature)["properties"].items()
             }
             for name, predictor in program.named_predictors()
@@ -264,7 +267,7 @@ def test_the_documented_difference_in_free_text_length_holds(tmp_path, reply_sch
     bounded_text = {
         "blend_external.external.predict": {"reasoning": TEXT_MAX_CHARS, "answer": TEXT_MAX_CHARS},
         "blend_internal.internal": {"knowledge": TEXT_MAX_CHARS},
-        "filter.batch.predict": {"reasoning": TEXT_MAX_CHARS, "relevant": None},
+        "filter.batch.predict": {"reasoning": TEXT_MAX_CHARS, "relevant": FILTER_MAX_NUMBERS},
         "answer": {"answer": None},
     }
     program = BlendFilter(retriever=ListRetriever(CORPUS))
