@@ -34,7 +34,7 @@ Differences from the original (paper says / code does / ragsuite does / why; no 
   chain of thought and answer, the internal query's knowledge and the batch filter's chain of thought are held
   to ``TEXT_MAX_CHARS`` (2,000) characters each (``bounded_reasoning`` and the bounds of
   ``BlendQueryExternal.answer`` and ``BlendQueryInternal.knowledge``), and the batch filter's list of
-  relevant passage numbers to ``FILTER_MAX_NUMBERS`` (50) numbers; other LMs are bound by the token limit
+  relevant passage numbers to ``LIST_MAX_ITEMS`` (50) numbers; other LMs are bound by the token limit
   alone / the 0.5B local model's chains of thought run to 650-1,250 characters in earnest, and one that
   repeats a sentence ran to the 1,024-token limit and left JSON cut mid-string: on 4 HotpotQA questions 8
   of 24 stage calls fell back, the filter then keeping every passage. With the text bounded, the filter still

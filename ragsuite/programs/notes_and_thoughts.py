@@ -10,6 +10,10 @@ Differences from the original (Chain-of-Note; the authors released no code):
   uses the same task-specific answer prompts as every other program.
 * The paper fine-tunes LLaMa-2 on notes written by ChatGPT; here any LM writes them from the instruction.
   Why: ragsuite's baselines run on the LM under comparison.
+* On an LM that holds replies to a JSON schema (the local LM on llama.cpp), the notes are at most
+  ``LIST_MAX_ITEMS`` (50) of at most ``TEXT_MAX_CHARS`` (2,000) characters each; the paper bounds them by the
+  token limit alone, as ragsuite does on other LMs. Why: a small model that repeats itself would write to
+  the token limit and leave its JSON cut, and the notes would fall back to the passages.
 
 RAT (Wang et al., 2024, "Retrieval Augmented Thoughts"; the authors' code, github.com/CraftJarvis/RAT,
 ``app/gradio_app.py`` and ``creative.ipynb``): draft a chain of thought without retrieval
@@ -38,6 +42,11 @@ Differences from the original (RAT):
   passages, not a page to cut into pieces; one call per chunk keeps the cost the paper reports per step.
 * Ending. The authors end with a "reflect" call that adds titles to the long answer; ragsuite answers the
   question from the revised chain with the task's reader. Why: the QA tables score a short answer.
+* Free-text length. The authors bound the draft and each revision by the token limit alone; on an LM that
+  holds replies to a JSON schema (the local LM on llama.cpp), ragsuite holds the draft to ``LIST_MAX_ITEMS``
+  (50) steps and each step, drafted or revised, to ``TEXT_MAX_CHARS`` (2,000) characters; other LMs are
+  bound by the token limit alone. Why: a small model that repeats itself would write to the token limit and
+  leave its JSON cut, and the draft would make no step or the revision keep the draft chunk.
 
 DeepNote's ablations (its Table 2) are presets: ``deepnote-no-adaptive`` answers from the initial note
 (``max_step=0``); ``deepnote-no-adaptive-no-note`` is vanilla RAG over the same first retrieval.

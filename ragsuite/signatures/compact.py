@@ -79,6 +79,12 @@ REPLY_SCHEMA_KEY = "reply_schema"
 #: limit (a minute or more of generation on 2 cores) and leave JSON cut mid-string, which no parser reads.
 TEXT_MAX_CHARS = 2000
 
+#: The most items a schema-holding LM may write in one list (passage numbers, reading notes, reasoning steps).
+#: Each such list counts at most the passages of one retrieval or the steps of one draft, so a longer one can
+#: only be the model counting on or repeating itself, which would run to the token limit and leave the JSON
+#: cut mid-list.
+LIST_MAX_ITEMS = 50
+
 
 def bounded(field: FieldInfo, **schema: Any) -> FieldInfo:
     """``field`` with JSON-schema bounds (``maxLength=2000``, ``maxItems=2``, ``items={"maxLength": 500}``)
@@ -177,4 +183,11 @@ class CompactJSONAdapter(dspy.JSONAdapter):
         return "\n\n".join(parts).strip()
 
 
-__all__ = ["TEXT_MAX_CHARS", "CompactJSONAdapter", "bounded", "bounded_reasoning", "reply_bounds"]
+__all__ = [
+    "LIST_MAX_ITEMS",
+    "TEXT_MAX_CHARS",
+    "CompactJSONAdapter",
+    "bounded",
+    "bounded_reasoning",
+    "reply_bounds",
+]

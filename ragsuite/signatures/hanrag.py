@@ -18,13 +18,7 @@ from typing import Literal
 
 import dspy
 
-from ragsuite.signatures.compact import bounded
-
-#: The most passage numbers a schema-holding LM (llama-server) may list in ``FilterBatch.relevant``. A batch
-#: numbers the passages retrieved for one query (BlendFilter's K is 5, its search reaches 10), so a longer
-#: list can only be the model counting on or repeating itself, which would run to the token limit and leave
-#: the JSON cut mid-list: the filter would then fall back to keeping every passage.
-FILTER_MAX_NUMBERS = 50
+from ragsuite.signatures.compact import LIST_MAX_ITEMS, bounded
 
 #: The four question types of HANRAG's router, in the paper's order.
 RouteCategory = Literal["straightforward", "single-step", "compound", "complex"]
@@ -113,12 +107,11 @@ class FilterBatch(dspy.Signature):
     passages: list[str] = dspy.InputField(desc="numbered passages, '[i] title | text'")
     relevant: list[int] = bounded(
         dspy.OutputField(desc="the numbers [i] of the relevant passages; [] if none"),
-        maxItems=FILTER_MAX_NUMBERS,
+        maxItems=LIST_MAX_ITEMS,  # a batch numbers one retrieval's passages (BlendFilter's K: 5)
     )
 
 
 __all__ = [
-    "FILTER_MAX_NUMBERS",
     "Decompose",
     "EndCheck",
     "Filter",

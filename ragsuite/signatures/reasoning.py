@@ -1,7 +1,10 @@
 """Stages of the baselines the DeepNote and HANRAG papers compare against: IRCoT's interleaved reasoning step,
 Adaptive-RAG's query-complexity classifier, Chain-of-Note's reading notes, and RAT's draft and revision.
 
-The instructions restate each method's prompt in our own words.
+The instructions restate each method's prompt in our own words. On an LM that holds replies to a JSON schema
+(the local LM on llama.cpp), the free text of IRCoT, Chain-of-Note and RAT is held to ``TEXT_MAX_CHARS``
+characters a field or list item and their lists to ``LIST_MAX_ITEMS`` items (see
+:func:`~ragsuite.signatures.compact.bounded`); other LMs are bound by the token limit alone.
 
 Example:
     >>> import dspy
@@ -16,6 +19,8 @@ from typing import Literal
 
 import dspy
 
+from ragsuite.signatures.compact import LIST_MAX_ITEMS, TEXT_MAX_CHARS, bounded
+
 #: Adaptive-RAG's three complexity classes: no retrieval, single-step retrieval, multi-step (IRCoT).
 Complexity = Literal["A", "B", "C"]
 
@@ -28,7 +33,7 @@ class NextThought(dspy.Signature):
     question: str = dspy.InputField()
     passages: list[str] = dspy.InputField(desc="passages collected so far, '[i] title | text'")
     thoughts: list[str] = dspy.InputField(desc="the reasoning sentences written so far, in order")
-    thought: str = dspy.OutputField(desc="one new sentence of reasoning")
+    thought: str = bounded(dspy.OutputField(desc="one new sentence of reasoning"), maxLength=TEXT_MAX_CHARS)
 
 
 class CoTReader(dspy.Signature):
@@ -37,7 +42,10 @@ class CoTReader(dspy.Signature):
 
     question: str = dspy.InputField()
     passages: list[str] = dspy.InputField(desc="retrieved passages, '[i] title | text'")
-    reasoning: str = dspy.OutputField(desc='step-by-step reasoning ending in "So the answer is: <answer>."')
+    reasoning: str = bounded(
+        dspy.OutputField(desc='step-by-step reasoning ending in "So the answer is: <answer>."'),
+        maxLength=TEXT_MAX_CHARS,
+    )
 
 
 class LookAhead(dspy.Signature):
@@ -110,7 +118,11 @@ class ReadingNotes(dspy.Signature):
 
     question: str = dspy.InputField()
     passages: list[str] = dspy.InputField(desc="retrieved passages, '[i] title | text'")
-    notes: list[str] = dspy.OutputField(desc="one reading note per passage, in order")
+    notes: list[str] = bounded(
+        dspy.OutputField(desc="one reading note per passage, in order"),
+        maxItems=LIST_MAX_ITEMS,
+        items={"maxLength": TEXT_MAX_CHARS},
+    )
 
 
 class DraftThoughts(dspy.Signature):
@@ -118,7 +130,11 @@ class DraftThoughts(dspy.Signature):
     short paragraphs, one step each, ending with the answer."""
 
     question: str = dspy.InputField()
-    thoughts: list[str] = dspy.OutputField(desc="the reasoning steps, in order")
+    thoughts: list[str] = bounded(
+        dspy.OutputField(desc="the reasoning steps, in order"),
+        maxItems=LIST_MAX_ITEMS,
+        items={"maxLength": TEXT_MAX_CHARS},
+    )
 
 
 class ReviseThought(dspy.Signature):
@@ -130,7 +146,7 @@ class ReviseThought(dspy.Signature):
     previous_steps: list[str] = dspy.InputField(desc="the steps before this one, already revised")
     step: str = dspy.InputField(desc="the draft step to revise")
     passages: list[str] = dspy.InputField(desc="passages retrieved for this step, '[i] title | text'")
-    revised_step: str = dspy.OutputField(desc="the revised step")
+    revised_step: str = bounded(dspy.OutputField(desc="the revised step"), maxLength=TEXT_MAX_CHARS)
 
 
 __all__ = [

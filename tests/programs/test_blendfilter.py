@@ -248,12 +248,11 @@ def test_the_documented_difference_in_free_text_length_holds(tmp_path, reply_sch
     answer is left as it was."""
     import ragsuite
     import ragsuite.programs.blendfilter as module
-    from ragsuite.signatures.compact import TEXT_MAX_CHARS, reply_bounds
-    from ragsuite.signatures.hanrag import FILTER_MAX_NUMBERS
+    from ragsuite.signatures.compact import LIST_MAX_ITEMS, TEXT_MAX_CHARS, reply_bounds
 
     assert "``bounded_reasoning``" in module.__doc__ and "``BlendQueryInternal.knowledge``" in module.__doc__
     assert f"``TEXT_MAX_CHARS`` ({TEXT_MAX_CHARS:,})" in module.__doc__
-    assert f"``FILTER_MAX_NUMBERS`` ({FILTER_MAX_NUMBERS})" in module.__doc__
+    assert f"``LIST_MAX_ITEMS`` ({LIST_MAX_ITEMS})" in module.__doc__
 
     def schema_bounds(program) -> dict[str, dict[str, int]]:
         return {
@@ -267,7 +266,7 @@ def test_the_documented_difference_in_free_text_length_holds(tmp_path, reply_sch
     bounded_text = {
         "blend_external.external.predict": {"reasoning": TEXT_MAX_CHARS, "answer": TEXT_MAX_CHARS},
         "blend_internal.internal": {"knowledge": TEXT_MAX_CHARS},
-        "filter.batch.predict": {"reasoning": TEXT_MAX_CHARS, "relevant": FILTER_MAX_NUMBERS},
+        "filter.batch.predict": {"reasoning": TEXT_MAX_CHARS, "relevant": LIST_MAX_ITEMS},
         "answer": {"answer": None},
     }
     program = BlendFilter(retriever=ListRetriever(CORPUS))

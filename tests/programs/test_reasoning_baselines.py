@@ -16,6 +16,62 @@ from ragsuite.retrieval.base import Passage
 from ragsuite.testing.retrievers import ListRetriever
 from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
 
+# ----------------------------------------------------------------------------- bounds on free text
+
+
+@pytest.mark.parametrize(
+    ("name", "knobs", "entry", "bounds"),
+    [
+        ("ircot", {"reader": "cot"}, "``NextThought.thought``", {
+            "next_thought": {"thought": {"maxLength": 2000}},
+            "answer": {"reasoning": {"maxLength": 2000}},
+        }),
+        ("con", {}, "the notes are at most\n  ``LIST_MAX_ITEMS`` (50)", {
+            "reading_notes": {"notes": {"maxItems": 50, "items": {"maxLength": 2000}}},
+        }),
+        ("rat", {}, "holds the draft to ``LIST_MAX_ITEMS``", {
+            "draft": {"thoughts": {"maxItems": 50, "items": {"maxLength": 2000}}},
+            "revise": {"revised_step": {"maxLength": 2000}},
+        }),
+    ],
+)  # fmt: skip
+def test_the_documented_difference_in_free_text_length_holds(
+    name, knobs, entry, bounds, fresh, tmp_path, reply_schema
+) -> None:
+    """Each program's docstring lists the bounds a schema-holding LM holds its free text and lists to, and the
+    reply schema sent for its stages carries them, also after a save and load; every other output stays
+    unbounded."""
+    import sys
+
+    import ragsuite
+    from ragsuite.signatures.compact import LIST_MAX_ITEMS, TEXT_MAX_CHARS
+
+    assert (LIST_MAX_ITEMS, TEXT_MAX_CHARS) == (50, 2000)
+    cls = programs.get(name)
+    assert entry in sys.modules[cls.__module__].__doc__
+
+    def limits(spec: dict[str, Any]) -> dict[str, Any]:
+        found = {key: spec[key] for key in ("maxLength", "maxItems") if key in spec}
+        if "maxLength" in spec.get("items", {}):
+            found["items"] = {"maxLength": spec["items"]["maxLength"]}
+        return found
+
+    def schema_bounds(program) -> dict[str, dict[str, Any]]:
+        return {
+            stage: {
+                field: limits(spec)
+                for field, spec in reply_schema(predictor.signature)["properties"].items()
+                if limits(spec)
+            }
+            for stage, predictor in program.named_predictors()
+        }
+
+    program = cls(retriever=fresh(), **knobs)
+    expected = {stage: bounds.get(stage, {}) for stage, _ in program.named_predictors()}
+    assert schema_bounds(program) == expected
+    program.save(str(tmp_path / f"{name}.json"))
+    assert schema_bounds(ragsuite.load(str(tmp_path / f"{name}.json"), retriever=fresh())) == expected
+
 
 # ----------------------------------------------------------------------------- IRCoT
 def test_ircot_retrieves_with_each_sentence_until_the_answer_is_stated(
