@@ -22,7 +22,8 @@ LM on one more, started the same way; only one of them is working at a time).
    interval, EM and F1, failures, tokens in/out and seconds per question over the questions every arm
    answered, then the compiled program against each other arm question by question (paired bootstrap
    interval and sign-flip p-value). ``--docs`` writes it into ``docs/local-lm.md``, between the
-   ``--markers`` pair (``compiled-local``: DeepNote's run; ``compiled-local-blendfilter``: BlendFilter's).
+   ``--markers`` pair (``compiled-local``: DeepNote's run; ``compiled-local-blendfilter``: BlendFilter's;
+   ``compiled-local-vs-1.5b``: the compiled DeepNote against the uncompiled one on the 1.5B model).
 
 A dataset other than ``--dataset`` runs the same program files: a transfer of the compiled demos.
 
@@ -510,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--markers", default="compiled-local",
         help="with --docs: the name of the marker pair the report goes between (default compiled-local, "
-        "DeepNote's table; compiled-local-blendfilter is BlendFilter's)",
+        "DeepNote's table; compiled-local-blendfilter is BlendFilter's, compiled-local-vs-1.5b the compiled "
+        "DeepNote's against the uncompiled one on the 1.5B model)",
     )  # fmt: skip
     parser.add_argument(
         "--tune", type=Path, metavar="DIR",

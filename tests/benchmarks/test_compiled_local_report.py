@@ -76,7 +76,9 @@ def test_the_report_compares_the_arms_on_the_questions_all_of_them_answered(tmp_
     )
 
 
-@pytest.mark.parametrize("markers", ["compiled-local", "compiled-local-blendfilter"])
+@pytest.mark.parametrize(
+    "markers", ["compiled-local", "compiled-local-blendfilter", "compiled-local-vs-1.5b"]
+)
 def test_the_docs_table_is_the_report_of_the_committed_records(bench, repo_root, markers: str) -> None:
     """docs/local-lm.md shows each held-out report rendered from its committed run folder (named as its
     markers are), not a paste."""
