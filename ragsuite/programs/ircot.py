@@ -51,10 +51,11 @@ Differences from the original:
   is less popular than a threshold (Wikipedia page views); ragsuite asks the LM whether it needs retrieval
   (``RetrievalNeed``). Why: no popularity data ships with ragsuite's datasets.
 * Free-text length. The original bounds a generation by its token limit alone; on an LM that holds replies
-  to a JSON schema (the local LM on llama.cpp), ragsuite holds the reasoning sentence (``NextThought.thought``)
-  and the CoT reader's reasoning (``CoTReader.reasoning``) to ``TEXT_MAX_CHARS`` (2,000) characters; other LMs
-  are bound by the token limit alone. Why: a small model that repeats a sentence would write to the token
-  limit and leave its JSON cut, and the step would fall back; a reasoning sentence in earnest is far shorter.
+  to a JSON schema (the local LM on llama.cpp), ragsuite holds the reasoning sentence
+  (``NextThought.thought``) and the CoT reader's reasoning (``CoTReader.reasoning``) to ``TEXT_MAX_CHARS``
+  (2,000) characters; other LMs are bound by the token limit alone. Why: a small model that repeats a
+  sentence would write to the token limit and leave its JSON cut, and the step would fall back; a reasoning
+  sentence in earnest is far shorter.
 """
 
 from __future__ import annotations
