@@ -120,7 +120,7 @@ def compile_programs(args: argparse.Namespace, out: Path, server: Any) -> None:
     """Step 1: compile each program not yet compiled (a stopped compile resumes from its LM cache)."""
     from ragsuite.cli import main as cli
 
-    # Every arm but vanilla's runs a form of the compiled program.
+    # Every chosen arm needs its program's compiled file: the uncompiled arms strip its demos.
     needed = dict.fromkeys(program for _, program, _ in chosen_arms(args))
     for program in needed:
         target = program_file(out, program, args)
@@ -520,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         "write them between the tune-compiled-local markers)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.arms and "larger" in args.arms and not args.larger_lm:
+        parser.error("--arms larger needs --larger-lm MODEL, the LM that arm runs on")
     args.threads = None
     args.max_tokens = None
     if args.report:
