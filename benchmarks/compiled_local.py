@@ -61,6 +61,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from real_lm import append_jsonl, read_jsonl, write_between_markers  # noqa: E402
 
+#: How the larger LM's arm is labelled after its program (the report finds that arm by it).
+LARGER_ARM = "on the larger LM"
+
 
 def arms_of(program: str, *, larger: bool = False) -> tuple[tuple[str, str, str], ...]:
     """The arms of ``--program``, each (label, program, kind): ``compiled`` is the compile's program file,
@@ -75,7 +78,7 @@ def arms_of(program: str, *, larger: bool = False) -> tuple[tuple[str, str, str]
         ("vanilla compiled", "vanilla", "compiled"),
         (f"{program} tuned", program, "tuned"),
     )
-    return (*arms, (f"{program} on the larger LM", program, "larger")) if larger else arms
+    return (*arms, (f"{program} {LARGER_ARM}", program, "larger")) if larger else arms
 
 
 #: How each kind of arm's program file is named after the compiled one (the larger LM runs the uncompiled
@@ -277,7 +280,7 @@ def report(out: Path, *, command: str | None = None) -> str:
             "The tuned arm is the compiled file with the knobs a tune chose: " + "; ".join(tuned) + ".",
             "",
         ]
-    larger = dict.fromkeys(c["model"] for c in chunks if c["arm"].endswith(" on the larger LM"))
+    larger = dict.fromkeys(c["model"] for c in chunks if c["arm"].endswith(f" {LARGER_ARM}"))
     if larger:
         lines += [
             "The arm on the larger LM is the uncompiled program (no demos) on "

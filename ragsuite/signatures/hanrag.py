@@ -111,12 +111,4 @@ class FilterBatch(dspy.Signature):
     )
 
 
-__all__ = [
-    "Decompose",
-    "EndCheck",
-    "Filter",
-    "FilterBatch",
-    "RefineSeed",
-    "Route",
-    "RouteCategory",
-]
+__all__ = ["Decompose", "EndCheck", "Filter", "FilterBatch", "RefineSeed", "Route", "RouteCategory"]
