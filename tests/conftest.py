@@ -308,6 +308,31 @@ def reply_schema() -> Callable[[Any], dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
+def stage_reply_bounds(reply_schema) -> Callable[[Any], dict[str, dict[str, Any]]]:
+    """``stage_reply_bounds(program)``: per stage predictor, the bounds (``maxLength``, ``maxItems`` and the
+    items' ``maxLength``) of each output field :func:`reply_schema` sends for it; unbounded fields are left
+    out."""
+
+    def limits(spec: dict[str, Any]) -> dict[str, Any]:
+        found = {key: spec[key] for key in ("maxLength", "maxItems") if key in spec}
+        if "maxLength" in spec.get("items", {}):
+            found["items"] = {"maxLength": spec["items"]["maxLength"]}
+        return found
+
+    def bounds(program: Any) -> dict[str, dict[str, Any]]:
+        return {
+            stage: {
+                field: limits(spec)
+                for field, spec in reply_schema(predictor.signature)["properties"].items()
+                if limits(spec)
+            }
+            for stage, predictor in program.named_predictors()
+        }
+
+    return bounds
+
+
+@pytest.fixture(scope="session")
 def run_eval() -> Callable[[LocalOpenAIServer, Path, str], Path]:
     """``run_eval(server, out, program)``: ``ragsuite eval`` of ``program`` on 4 HotpotQA questions against
     the local ``server``, written to ``out`` (returned); fails the test when the run fails."""

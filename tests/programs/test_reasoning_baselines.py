@@ -36,7 +36,7 @@ from ragsuite.testing.scripted import ScriptedLM, ScriptedRequest
     ],
 )  # fmt: skip
 def test_the_documented_difference_in_free_text_length_holds(
-    name, knobs, entry, bounds, fresh, tmp_path, reply_schema
+    name, knobs, entry, bounds, fresh, tmp_path, stage_reply_bounds
 ) -> None:
     """Each program's docstring lists the bounds a schema-holding LM holds its free text and lists to, and the
     reply schema sent for its stages carries them, also after a save and load; every other output stays
@@ -50,27 +50,12 @@ def test_the_documented_difference_in_free_text_length_holds(
     cls = programs.get(name)
     assert entry in sys.modules[cls.__module__].__doc__
 
-    def limits(spec: dict[str, Any]) -> dict[str, Any]:
-        found = {key: spec[key] for key in ("maxLength", "maxItems") if key in spec}
-        if "maxLength" in spec.get("items", {}):
-            found["items"] = {"maxLength": spec["items"]["maxLength"]}
-        return found
-
-    def schema_bounds(program) -> dict[str, dict[str, Any]]:
-        return {
-            stage: {
-                field: limits(spec)
-                for field, spec in reply_schema(predictor.signature)["properties"].items()
-                if limits(spec)
-            }
-            for stage, predictor in program.named_predictors()
-        }
-
     program = cls(retriever=fresh(), **knobs)
     expected = {stage: bounds.get(stage, {}) for stage, _ in program.named_predictors()}
-    assert schema_bounds(program) == expected
+    assert stage_reply_bounds(program) == expected
     program.save(str(tmp_path / f"{name}.json"))
-    assert schema_bounds(ragsuite.load(str(tmp_path / f"{name}.json"), retriever=fresh())) == expected
+    loaded = ragsuite.load(str(tmp_path / f"{name}.json"), retriever=fresh())
+    assert stage_reply_bounds(loaded) == expected
 
 
 # ----------------------------------------------------------------------------- IRCoT
